@@ -1,0 +1,39 @@
+# Every target creates .venv/ in the repo root when missing and installs tokenergy into it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test test-slow lint format bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	@touch $(STAMP)
+
+## The main job: the bottleneck-gridworld ablation (PPO vs energy-weighted PPO vs shuffled control, 3 seeds).
+demo: $(STAMP)
+	$(VENV)/bin/tokenergy ablate configs/bottleneck.yaml --seeds 3 --out runs/demo --overwrite
+
+## The default test suite (slow tests excluded).
+test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -q -m slow
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks
+
+## Benchmarks (not run in CI); each appends its numbers to benchmarks/RESULTS.md.
+bench: $(STAMP)
+	$(PY) benchmarks/cartpole_ppo.py
+	$(PY) benchmarks/bottleneck_ablation.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

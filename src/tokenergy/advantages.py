@@ -1,0 +1,106 @@
+"""Advantage estimators as pure tensor functions (computed without gradient: they are targets)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+
+# masked_mean and whiten are re-exported so the math of this stage reads from one module.
+from tokenergy.ops import masked_mean, whiten
+
+__all__ = ["gae", "group_relative", "masked_mean", "whiten"]
+
+
+@torch.no_grad()
+def gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    next_values: torch.Tensor,
+    terminated: torch.Tensor,
+    ends: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al., 2016, arXiv:1506.02438).
+
+    ``delta_t = r_t + gamma * next_values_t * (1 - terminated_t) - values_t`` and
+    ``A_t = delta_t + gamma * lam * (1 - ends_t) * A_{t+1}``, with ``A`` zero past the last
+    step. ``terminated`` cuts the bootstrap (the episode really ended); ``ends`` cuts the
+    recursion wherever an episode or sequence stops (terminated, truncated, or the last real
+    token), so a truncated step still bootstraps through ``next_values``.
+
+    Args:
+        rewards: ``[B, T]`` ``r_t``.
+        values: ``[B, T]`` ``V(s_t)``.
+        next_values: ``[B, T]`` ``V(s_{t+1})``, the true successor even where the env was
+            reset after step ``t`` (the final observation of a truncated episode).
+        terminated: ``[B, T]`` bool.
+        ends: ``[B, T]`` bool.
+        gamma: discount ``γ``.
+        lam: GAE ``λ``; ``λ = 1`` gives Monte-Carlo returns minus values, ``λ = 0`` one-step TD.
+
+    Returns:
+        ``(advantages, returns)``, both ``[B, T]``, ``returns = advantages + values``.
+    """
+    if not (rewards.shape == values.shape == next_values.shape == terminated.shape == ends.shape):
+        raise ValueError(
+            "gae: rewards, values, next_values, terminated, ends must share one [B, T] shape, got "
+            f"{[tuple(t.shape) for t in (rewards, values, next_values, terminated, ends)]}"
+        )
+    not_terminated = 1.0 - terminated.to(rewards.dtype)
+    not_end = 1.0 - ends.to(rewards.dtype)
+    deltas = rewards + gamma * next_values * not_terminated - values  # (B, T)
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])  # (B,) A_{t+1}
+    for t in range(rewards.shape[1] - 1, -1, -1):
+        running = deltas[:, t] + gamma * lam * not_end[:, t] * running
+        advantages[:, t] = running
+    return advantages, advantages + values
+
+
+@torch.no_grad()
+def group_relative(
+    rewards: torch.Tensor,
+    groups: torch.Tensor,
+    scale: Literal["group", "batch", "none"] = "group",
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Group-relative advantages (GRPO, Shao et al., 2024, arXiv:2402.03300).
+
+    ``A_i = r_i - mean_{g(i)}`` divided by ``std_{g(i)} + eps`` (``scale="group"``), by the
+    batch std ``+ eps`` (``"batch"``, as in Dr. GRPO-style variants) or not at all
+    (``"none"``). Standard deviations are unbiased; a group of one gets ``A = 0``.
+
+    Args:
+        rewards: ``[N]`` one scalar reward per completion.
+        groups: ``[N]`` int64 group id (completions of the same prompt share an id).
+        scale: how to scale the centred reward.
+        eps: added to the std.
+
+    Returns:
+        ``[N]`` advantages.
+    """
+    if rewards.ndim != 1 or groups.shape != rewards.shape:
+        raise ValueError(
+            f"group_relative: rewards and groups must both be [N], got {tuple(rewards.shape)} "
+            f"and {tuple(groups.shape)}"
+        )
+    if scale not in ("group", "batch", "none"):
+        raise ValueError(f"group_relative: scale must be 'group', 'batch' or 'none', got {scale!r}")
+    _, inverse = torch.unique(groups, return_inverse=True)
+    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    counts = torch.bincount(inverse, minlength=n_groups).to(rewards.dtype)
+    sums = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, rewards)
+    means = sums / counts
+    centred = rewards - means[inverse]
+    if scale == "group":
+        sq = torch.zeros(n_groups, dtype=rewards.dtype).index_add_(0, inverse, centred**2)
+        std = torch.sqrt(sq / (counts - 1.0).clamp(min=1.0))
+        advantages = centred / (std[inverse] + eps)
+    elif scale == "batch":
+        batch_std = rewards.std(unbiased=True) if rewards.numel() > 1 else rewards.new_zeros(())
+        advantages = centred / (batch_std + eps)
+    else:
+        advantages = centred
+    return torch.where(counts[inverse] > 1, advantages, torch.zeros_like(advantages))

@@ -1,0 +1,522 @@
+"""Typed run configuration: dataclasses validated at construction, YAML presets, CLI overrides.
+
+A config is built from a YAML preset (data only) plus ``--section.field value`` overrides and
+saved, resolved, in the run folder. Every field has a default and one line of help (the
+``help`` metadata); every bad value raises :class:`ConfigError` naming the field and what is
+allowed, before any work starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "AblationConfig",
+    "ConfigError",
+    "EnergyConfig",
+    "EnvConfig",
+    "LogConfig",
+    "ModelConfig",
+    "PPOConfig",
+    "RunConfig",
+    "apply_overrides",
+    "config_from_dict",
+    "config_to_dict",
+    "load_config",
+    "parse_override_args",
+    "save_config",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration value is unknown, of the wrong type, out of range or incompatible."""
+
+    def __init__(self, field_path: str, message: str) -> None:
+        self.field_path = field_path
+        self.message = message
+        super().__init__(f"{field_path}: {message}" if field_path else message)
+
+    def prefixed(self, prefix: str) -> ConfigError:
+        path = f"{prefix}.{self.field_path}" if self.field_path else prefix
+        return ConfigError(path, self.message)
+
+
+def _f(default: Any, help: str, **kw: Any) -> Any:
+    if isinstance(default, (list, dict, tuple)) and not isinstance(default, tuple):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kw)
+    return field(default=default, metadata={"help": help}, **kw)
+
+
+def _check(cond: bool, name: str, message: str) -> None:
+    if not cond:
+        raise ConfigError(name, message)
+
+
+def _in_range(
+    value: float, name: str, lo: float | None, hi: float | None, *, lo_open=False, hi_open=False
+) -> None:
+    ok = True
+    if lo is not None:
+        ok &= value > lo if lo_open else value >= lo
+    if hi is not None:
+        ok &= value < hi if hi_open else value <= hi
+    if not ok:
+        left = ("(" if lo_open else "[") + ("-inf" if lo is None else f"{lo:g}")
+        right = ("inf" if hi is None else f"{hi:g}") + (")" if hi_open else "]")
+        raise ConfigError(name, f"must be in {left}, {right}, got {value!r}")
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class EnvConfig:
+    """Which environment, and how many copies step together."""
+
+    id: str = _f(
+        "tokenergy/BottleneckGrid-v0", "Gymnasium id of a discrete-action env (e.g. CartPole-v1)"
+    )
+    num_envs: int = _f(8, "environments stepped together in one batch")
+    kwargs: dict = _f({}, "keyword arguments passed to gymnasium.make")
+
+    def __post_init__(self) -> None:
+        _check(bool(self.id), "id", "must name a Gymnasium env, e.g. CartPole-v1")
+        _in_range(self.num_envs, "num_envs", 1, 4096)
+
+
+@dataclass
+class ModelConfig:
+    """The MLP actor-critic for vector observations."""
+
+    hidden_sizes: tuple = _f(
+        (64, 64), "hidden layer widths of actor and critic (separate networks)"
+    )
+    activation: str = _f("tanh", "hidden activation: tanh or relu")
+
+    def __post_init__(self) -> None:
+        self.hidden_sizes = tuple(self.hidden_sizes)
+        _check(
+            len(self.hidden_sizes) > 0
+            and all(isinstance(h, int) and h > 0 for h in self.hidden_sizes),
+            "hidden_sizes",
+            f"must be a non-empty list of positive ints, got {list(self.hidden_sizes)!r}",
+        )
+        _check(
+            self.activation in ("tanh", "relu"),
+            "activation",
+            f"must be tanh or relu, got {self.activation!r}",
+        )
+
+
+@dataclass
+class PPOConfig:
+    """PPO with GAE, clipped policy and value losses (Schulman et al., 2017)."""
+
+    total_steps: int = _f(200_000, "environment steps in the whole run (all envs together)")
+    num_steps: int = _f(128, "steps per env per rollout; a batch is num_envs * num_steps")
+    lr: float = _f(2.5e-4, "Adam learning rate")
+    anneal_lr: bool = _f(True, "decay the learning rate linearly to 0 over the run")
+    gamma: float = _f(0.99, "discount factor")
+    lam: float = _f(0.95, "GAE lambda")
+    epochs: int = _f(4, "optimisation epochs over each rollout batch")
+    minibatches: int = _f(4, "minibatches per epoch")
+    clip_eps: float = _f(0.2, "policy ratio clip range epsilon")
+    clip_eps_high: float | None = _f(None, "upper clip range (clip-higher); null means clip_eps")
+    value_clip: float | None = _f(0.2, "value clip range; null turns value clipping off")
+    ent_coef: float = _f(0.01, "entropy bonus coefficient")
+    vf_coef: float = _f(0.5, "value loss coefficient")
+    max_grad_norm: float = _f(0.5, "global gradient-norm clip")
+    norm_adv: bool = _f(True, "whiten advantages over the batch before the update")
+    target_kl: float | None = _f(None, "stop the epoch loop early when approx_kl exceeds this")
+
+    def __post_init__(self) -> None:
+        _in_range(self.total_steps, "total_steps", 1, None)
+        _in_range(self.num_steps, "num_steps", 1, None)
+        _in_range(self.lr, "lr", 0.0, 1.0, lo_open=True)
+        _in_range(self.gamma, "gamma", 0.0, 1.0)
+        _in_range(self.lam, "lam", 0.0, 1.0)
+        _in_range(self.epochs, "epochs", 1, None)
+        _in_range(self.minibatches, "minibatches", 1, None)
+        _in_range(self.clip_eps, "clip_eps", 0.0, 1.0, lo_open=True, hi_open=True)
+        if self.clip_eps_high is not None:
+            _in_range(self.clip_eps_high, "clip_eps_high", 0.0, None, lo_open=True)
+        if self.value_clip is not None:
+            _in_range(self.value_clip, "value_clip", 0.0, None, lo_open=True)
+        _in_range(self.ent_coef, "ent_coef", 0.0, None)
+        _in_range(self.vf_coef, "vf_coef", 0.0, None)
+        _in_range(self.max_grad_norm, "max_grad_norm", 0.0, None, lo_open=True)
+        if self.target_kl is not None:
+            _in_range(self.target_kl, "target_kl", 0.0, None, lo_open=True)
+
+
+@dataclass
+class EnergyConfig:
+    """Which energy is computed per step, and how it reshapes the policy loss."""
+
+    source: str = _f(
+        "advantage", "registered energy source: advantage, entropy, surprisal, free_energy"
+    )
+    weighting: str = _f(
+        "none", "registered loss weighting: none (plain PPO) or bottleneck (z-score)"
+    )
+    beta: float = _f(5.0, "advantage energy sharpness: E = sigmoid(-beta * A) on whitened A")
+    temperature: float = _f(1.0, "free-energy temperature")
+    threshold_std: float = _f(1.5, "z-score above which a step counts as a bottleneck")
+    weight_scale: float = _f(
+        2.0, "weight of a bottleneck step (at the start of the weighted phase)"
+    )
+    weight_scale_final: float | None = _f(
+        None, "weight_scale at the end of the run (linear); null keeps it"
+    )
+    smooth: bool = _f(False, "smooth sigmoid ramp instead of a hard step at threshold_std")
+    shuffle: bool = _f(
+        False, "control: permute the weights among steps, dropping the energy information"
+    )
+    warmup_frac: float = _f(0.2, "fraction of the run trained as plain PPO before weighting starts")
+
+    def __post_init__(self) -> None:
+        from tokenergy.energy import ENERGY_SOURCES, WEIGHTINGS
+
+        _check(self.source in ENERGY_SOURCES, "source", ENERGY_SOURCES.unknown_message(self.source))
+        _check(
+            self.weighting in WEIGHTINGS, "weighting", WEIGHTINGS.unknown_message(self.weighting)
+        )
+        _in_range(self.beta, "beta", 0.0, None, lo_open=True)
+        _in_range(self.temperature, "temperature", 0.0, None, lo_open=True)
+        _in_range(self.weight_scale, "weight_scale", 0.0, None)
+        if self.weight_scale_final is not None:
+            _in_range(self.weight_scale_final, "weight_scale_final", 0.0, None)
+        _in_range(self.warmup_frac, "warmup_frac", 0.0, 1.0, hi_open=True)
+        if self.shuffle and self.weighting == "none":
+            raise ConfigError(
+                "shuffle", "shuffling uniform weights changes nothing; set energy.weighting too"
+            )
+
+
+@dataclass
+class LogConfig:
+    """What a run writes besides metrics.jsonl."""
+
+    episode_window: int = _f(
+        20, "episodes averaged in rollout/return, rollout/length, rollout/success"
+    )
+    checkpoint_every: int = _f(0, "iterations between checkpoints; 0 writes only the final one")
+    keep_checkpoints: int = _f(2, "how many of the newest checkpoints to keep")
+    tensorboard: bool = _f(True, "also write TensorBoard events")
+    progress: bool = _f(True, "show a progress bar")
+
+    def __post_init__(self) -> None:
+        _in_range(self.episode_window, "episode_window", 1, None)
+        _in_range(self.checkpoint_every, "checkpoint_every", 0, None)
+        _in_range(self.keep_checkpoints, "keep_checkpoints", 1, None)
+
+
+def _default_variants() -> dict:
+    return {
+        "ppo": {"energy.weighting": "none"},
+        "energy": {"energy.weighting": "bottleneck"},
+        "shuffled": {"energy.weighting": "bottleneck", "energy.shuffle": True},
+    }
+
+
+@dataclass
+class AblationConfig:
+    """Variants compared by ``tokenergy ablate`` and how the report scores them."""
+
+    variants: dict = field(
+        default_factory=_default_variants,
+        metadata={"help": "name -> overrides applied to the base config"},
+    )
+    threshold_metric: str = _f(
+        "rollout/success", "metric whose first crossing of threshold counts as 'solved'"
+    )
+    threshold: float = _f(0.9, "value of threshold_metric that counts as solved")
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.variants, dict) and len(self.variants) > 0,
+            "variants",
+            "must map at least one variant name to a dict of overrides",
+        )
+        for name, overrides in self.variants.items():
+            _check(
+                isinstance(overrides, dict),
+                f"variants.{name}",
+                "must be a dict of 'section.field: value'",
+            )
+
+
+@dataclass
+class RunConfig:
+    """One training run."""
+
+    name: str = _f("run", "run name, used for the default run folder")
+    seed: int = _f(0, "the single seed of the run (model init, sampling, env resets)")
+    device: str = _f("cpu", "torch device: cpu, cuda, cuda:N or auto")
+    env: EnvConfig = field(default_factory=EnvConfig, metadata={"help": "environment"})
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "network"})
+    ppo: PPOConfig = field(default_factory=PPOConfig, metadata={"help": "PPO"})
+    energy: EnergyConfig = field(
+        default_factory=EnergyConfig, metadata={"help": "energy weighting"}
+    )
+    log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging and checkpoints"})
+    ablation: AblationConfig = field(default_factory=AblationConfig, metadata={"help": "ablation"})
+
+    def __post_init__(self) -> None:
+        _in_range(self.seed, "seed", 0, 2**31 - 1)
+        _check(
+            self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:"),
+            "device",
+            f"must be cpu, cuda, cuda:N or auto, got {self.device!r}",
+        )
+        batch = self.env.num_envs * self.ppo.num_steps
+        if batch % self.ppo.minibatches:
+            raise ConfigError(
+                "ppo.minibatches",
+                f"must divide the batch env.num_envs * ppo.num_steps = {batch}, got {self.ppo.minibatches}",
+            )
+        if self.ppo.total_steps < batch:
+            raise ConfigError(
+                "ppo.total_steps",
+                f"must be at least one batch (env.num_envs * ppo.num_steps = {batch}), got {self.ppo.total_steps}",
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.env.num_envs * self.ppo.num_steps
+
+    @property
+    def num_iterations(self) -> int:
+        return self.ppo.total_steps // self.batch_size
+
+
+# --------------------------------------------------------------------------- building
+
+
+def _type_name(tp: Any) -> str:
+    if tp is type(None):
+        return "null"
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if tp is tuple:
+        return "list"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, path: str) -> Any:
+    """Check ``value`` against a field type, converting only where it is lossless."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, path)
+            except ConfigError:
+                pass
+        raise ConfigError(path, f"must be {_type_name(tp)}, got {value!r}")
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+    elif tp is tuple:
+        if isinstance(value, (list, tuple)):
+            return tuple(value)
+    elif tp is dict:
+        if isinstance(value, dict):
+            return value
+    else:  # pragma: no cover - only the types above are used in configs
+        return value
+    raise ConfigError(path, f"must be {_type_name(tp)}, got {value!r} ({type(value).__name__})")
+
+
+def _unknown_key(key: str, allowed: list[str], path: str) -> ConfigError:
+    close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    where = f"{path}." if path else ""
+    return ConfigError(f"{where}{key}", f"unknown key{hint} (allowed: {', '.join(allowed)})")
+
+
+def _build(cls: type, data: dict, path: str) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(path, f"must be a mapping of fields, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise _unknown_key(key, list(fields), path)
+        sub = f"{path}.{key}" if path else key
+        tp = hints[key]
+        if dataclasses.is_dataclass(tp):
+            kwargs[key] = _build(tp, value or {}, sub)
+        else:
+            kwargs[key] = _coerce(value, tp, sub)
+    try:
+        return cls(**kwargs)
+    except ConfigError as err:
+        raise (err.prefixed(path) if path else err) from None
+
+
+def config_from_dict(data: dict | None) -> RunConfig:
+    """Build and validate a :class:`RunConfig` from nested plain data (a parsed YAML file)."""
+    cfg = _build(RunConfig, data or {}, "")
+    for name, overrides in cfg.ablation.variants.items():
+        try:
+            apply_overrides(cfg, overrides)
+        except ConfigError as err:
+            raise ConfigError(f"ablation.variants.{name}.{err.field_path}", err.message) from None
+    return cfg
+
+
+def config_to_dict(cfg: Any) -> dict:
+    """Plain nested data for YAML (tuples become lists)."""
+
+    def plain(x: Any) -> Any:
+        if isinstance(x, tuple):
+            return [plain(v) for v in x]
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, list):
+            return [plain(v) for v in x]
+        return x
+
+    return plain(dataclasses.asdict(cfg))
+
+
+def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+    """Return a new config with dotted-path overrides applied (``{"ppo.clip_eps": 0.1}``).
+
+    Dashes in names are accepted for underscores (``ppo.clip-eps``). The result is validated
+    as a whole, so incompatible combinations are caught too.
+    """
+    data = config_to_dict(cfg)
+    for dotted, value in overrides.items():
+        parts = [p.replace("-", "_") for p in dotted.split(".")]
+        node: Any = data
+        cls: Any = RunConfig
+        for i, part in enumerate(parts):
+            sub_path = ".".join(parts[: i + 1])
+            parent_path = ".".join(parts[:i])
+            if not (dataclasses.is_dataclass(cls) and isinstance(node, dict)):
+                raise ConfigError(
+                    sub_path, f"{parent_path} is not a section, it has no field {part!r}"
+                )
+            names = [f.name for f in dataclasses.fields(cls)]
+            if part not in names:
+                raise _unknown_key(part, names, parent_path)
+            tp = typing.get_type_hints(cls)[part]
+            if i == len(parts) - 1:
+                if dataclasses.is_dataclass(tp):
+                    raise ConfigError(
+                        sub_path,
+                        "is a section; override one of its fields, e.g. "
+                        f"{sub_path}.{dataclasses.fields(tp)[0].name}",
+                    )
+                if tp is dict and isinstance(value, dict) and isinstance(node.get(part), dict):
+                    node[part] = {**node[part], **value}
+                else:
+                    node[part] = value
+            else:
+                node = node.setdefault(part, {})
+                cls = tp
+    return _build(RunConfig, data, "")
+
+
+def parse_override_args(args: list[str]) -> dict[str, Any]:
+    """Parse ``["--ppo.clip-eps", "0.1", "--energy.shuffle=true"]`` into dotted overrides.
+
+    Values are read as YAML scalars (``0.1`` → float, ``true`` → bool, ``[64, 64]`` → list,
+    ``null`` → None). A flag with no value is ``true``.
+    """
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith("--") or len(arg) == 2:
+            raise ConfigError(
+                "",
+                f"unexpected argument {arg!r}; the config file comes first, overrides look like --section.field VALUE",
+            )
+        key = arg[2:]
+        if "=" in key:
+            key, raw = key.split("=", 1)
+            i += 1
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            raw = args[i + 1]
+            i += 2
+        else:
+            raw = "true"
+            i += 1
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        out[key] = value
+    return out
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
+    """Read a YAML preset (or the defaults when ``path`` is None) and apply overrides."""
+    data: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError("", f"config file {str(p)!r} not found")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError("", f"config file {str(p)!r} is not valid YAML: {err}") from None
+        if not isinstance(data, dict):
+            raise ConfigError("", f"config file {str(p)!r} must hold a mapping of sections")
+    cfg = config_from_dict(data)
+    if overrides:
+        cfg = apply_overrides(cfg, _stringly(cfg, overrides))
+    return cfg
+
+
+def _stringly(cfg: RunConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+    """A CLI value for a ``str`` field stays a string even when YAML reads it as a number."""
+    out = {}
+    for dotted, value in overrides.items():
+        parts = [p.replace("-", "_") for p in dotted.split(".")]
+        cls: Any = RunConfig
+        tp: Any = None
+        for part in parts:
+            if not dataclasses.is_dataclass(cls):
+                tp = None
+                break
+            hints = typing.get_type_hints(cls)
+            tp = hints.get(part)
+            cls = tp
+        if tp is str and value is not None and not isinstance(value, str):
+            value = str(value)
+        out[dotted] = value
+    return out
+
+
+def save_config(cfg: RunConfig, path: str | Path) -> None:
+    """Write the resolved config as YAML."""
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

@@ -1,0 +1,184 @@
+"""Run orchestration: one training run with a live progress bar, and ablations over seeds.
+
+An ablation folder holds ``ablation.yaml`` (the base config, variants and seeds) and one run
+folder per variant and seed: ``<out>/<variant>/seed_<k>/``. Runs are spread over worker
+processes (one torch thread each); a rich progress bar shows every run's live return.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing as mp
+import queue as queue_mod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+
+from tokenergy.algos.ppo import train_ppo
+from tokenergy.config import RunConfig, apply_overrides, config_to_dict
+from tokenergy.runs import Run, prepare_run_dir
+
+__all__ = ["RunSpec", "plan_ablation", "run_ablation", "run_training"]
+
+
+def _progress_bar(console: Console | None = None) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description:<18}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        console=console,
+        transient=False,
+    )
+
+
+def _status(row: dict[str, float]) -> str:
+    parts = []
+    if "rollout/return" in row:
+        parts.append(f"return {row['rollout/return']:+.3f}")
+    if "rollout/success" in row:
+        parts.append(f"success {row['rollout/success']:.2f}")
+    parts.append(f"{row.get('perf/sps', 0):,.0f} sps")
+    return "  ".join(parts)
+
+
+def run_training(
+    cfg: RunConfig, out: str | Path, overwrite: bool = False, console: Console | None = None
+):
+    """Train one run into ``out``, with a progress bar when ``cfg.log.progress`` is on."""
+    with Run(out, cfg, overwrite=overwrite) as run:
+        if not cfg.log.progress:
+            return train_ppo(cfg, run)
+        with _progress_bar(console) as bar:
+            task = bar.add_task(cfg.name, total=cfg.num_iterations, status="")
+
+            def progress(it: int, n: int, step: int, row: dict[str, float]) -> None:
+                bar.update(task, completed=it, status=_status(row))
+
+            return train_ppo(cfg, run, progress)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run of an ablation."""
+
+    variant: str
+    seed: int
+    cfg: RunConfig
+    out: Path
+
+    @property
+    def label(self) -> str:
+        return f"{self.variant} s{self.seed}"
+
+
+def plan_ablation(base: RunConfig, seeds: int, out: str | Path) -> list[RunSpec]:
+    """Every (variant, seed) run, configs resolved and validated before anything starts."""
+    if seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {seeds}")
+    specs = []
+    for variant, overrides in base.ablation.variants.items():
+        for k in range(seeds):
+            cfg = apply_overrides(
+                base,
+                {
+                    **overrides,
+                    "seed": base.seed + k,
+                    "name": f"{variant}-s{k}",
+                    "log.progress": False,
+                },
+            )
+            specs.append(RunSpec(variant, base.seed + k, cfg, Path(out) / variant / f"seed_{k}"))
+    return specs
+
+
+def _worker(spec: RunSpec, q: Any) -> str:
+    torch.set_num_threads(1)  # one core per run; parallelism comes from the processes
+
+    def progress(it: int, n: int, step: int, row: dict[str, float]) -> None:
+        q.put((spec.label, it, n, _status(row)))
+
+    with Run(spec.out, spec.cfg) as run:
+        train_ppo(spec.cfg, run, progress)
+    return spec.label
+
+
+def run_ablation(
+    base: RunConfig,
+    seeds: int,
+    out: str | Path,
+    jobs: int = 1,
+    overwrite: bool = False,
+    console: Console | None = None,
+) -> list[RunSpec]:
+    """Train every variant over ``seeds`` seeds into ``out``; returns the specs that ran."""
+    specs = plan_ablation(base, seeds, out)
+    root = prepare_run_dir(out, overwrite)
+    (root / "ablation.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "seeds": seeds,
+                "variants": list(base.ablation.variants),
+                "base": config_to_dict(base),
+            },
+            sort_keys=False,
+        )
+    )
+    with _progress_bar(console) as bar:
+        tasks = {
+            s.label: bar.add_task(s.label, total=s.cfg.num_iterations, status="queued")
+            for s in specs
+        }
+
+        def drain(q: Any) -> None:
+            while True:
+                try:
+                    label, it, _n, status = q.get_nowait()
+                except queue_mod.Empty:
+                    return
+                bar.update(tasks[label], completed=it, status=status)
+
+        if jobs <= 1:
+            immediate = _Immediate(
+                lambda item: bar.update(tasks[item[0]], completed=item[1], status=item[3])
+            )
+            for spec in specs:
+                _worker(spec, immediate)
+        else:
+            ctx = mp.get_context("spawn")
+            with ctx.Manager() as manager:
+                q = manager.Queue()
+                with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
+                    futures = [pool.submit(_worker, spec, q) for spec in specs]
+                    pending = set(futures)
+                    while pending:
+                        done, pending = cf.wait(pending, timeout=0.2)
+                        drain(q)
+                        for fut in done:
+                            fut.result()  # re-raise a worker's error here
+                    drain(q)
+    return specs
+
+
+class _Immediate:
+    """A queue stand-in that handles each item at once (in-process runs)."""
+
+    def __init__(self, fn: Any) -> None:
+        self.fn = fn
+
+    def put(self, item: Any) -> None:
+        self.fn(item)

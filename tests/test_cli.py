@@ -1,0 +1,114 @@
+"""The command line: every --help, one-line errors with exit code 2, a tiny end-to-end run."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tokenergy.runs import latest_checkpoint, load_checkpoint
+
+CLI = [sys.executable, "-m", "tokenergy.cli"]
+TINY = [
+    "--ppo.total-steps",
+    "512",
+    "--ppo.num-steps",
+    "32",
+    "--env.num-envs",
+    "4",
+    "--ppo.minibatches",
+    "2",
+]
+
+
+def run(*args, cwd=None):
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("cmd", [[], ["train"], ["ablate"], ["report"], ["config"]])
+def test_help(cmd):
+    res = run(*cmd, "--help")
+    assert res.returncode == 0, res.stderr
+    assert "Usage" in res.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (
+            ["config", "--ppo.clip-esp", "0.1"],
+            "ppo.clip_esp: unknown key; did you mean 'clip_eps'?",
+        ),
+        (["config", "--ppo.clip-eps", "2"], "ppo.clip_eps: must be in (0, 1), got 2.0"),
+        (["config", "--ppo.epochs", "many"], "ppo.epochs: must be int, got 'many' (str)"),
+        (["train", "missing.yaml"], "config file 'missing.yaml' not found"),
+        (["report", "no-such-dir"], "'no-such-dir' is not a folder"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(args, text, tmp_path):
+    res = run(*args, cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.startswith(f"error: {text}")
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in res.stderr
+
+
+def test_debug_shows_traceback(tmp_path):
+    res = subprocess.run(
+        [*CLI, "--debug", "config", "--ppo.clip-eps", "2"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert res.returncode != 0 and "Traceback" in res.stderr
+
+
+def test_train_end_to_end_writes_a_complete_run(tmp_path):
+    out = tmp_path / "run"
+    res = run("train", "--env", "CartPole-v1", "--out", str(out), "--ppo.clip-eps", "0.1", *TINY)
+    assert res.returncode == 0, res.stderr
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["env"]["id"] == "CartPole-v1" and cfg["ppo"]["clip_eps"] == 0.1
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train/global_step"] for r in rows] == [128, 256, 384, 512]
+    assert any(p.name.startswith("events.out.tfevents") for p in (out / "tb").iterdir())
+    state_dict, ckpt_cfg, state = load_checkpoint(latest_checkpoint(out))
+    assert state["iteration"] == 4 and ckpt_cfg.env.id == "CartPole-v1"
+    assert "actor.0.weight" in state_dict
+    assert not list((out / "checkpoints").glob(".tmp-*"))
+    # a second run into the same folder is refused rather than mixed in
+    res = run("train", "--env", "CartPole-v1", "--out", str(out), *TINY)
+    assert res.returncode == 2 and "already exists" in res.stderr
+    res = run("report", str(out))
+    assert res.returncode == 0, res.stderr
+    assert (out / "report" / "curves.png").stat().st_size > 1000
+
+
+def test_ablate_then_report(tmp_path):
+    out = tmp_path / "abl"
+    res = run(
+        "ablate",
+        "configs/bottleneck.yaml",
+        "--seeds",
+        "2",
+        "--jobs",
+        "1",
+        "--out",
+        str(out),
+        *TINY,
+        cwd=None,
+    )
+    assert res.returncode == 0, res.stderr
+    for variant in ("ppo", "energy", "shuffled"):
+        for k in (0, 1):
+            cfg = yaml.safe_load((out / variant / f"seed_{k}" / "config.yaml").read_text())
+            assert cfg["seed"] == k
+            assert cfg["energy"]["weighting"] == ("none" if variant == "ppo" else "bottleneck")
+            assert cfg["energy"]["shuffle"] == (variant == "shuffled")
+    md = (out / "report" / "report.md").read_text()
+    for variant in ("ppo", "energy", "shuffled"):
+        assert f"| {variant} | " in md
+    html = (out / "report" / "report.html").read_text()
+    assert "data:image/png;base64," in html
+    assert "report.html" in res.stdout

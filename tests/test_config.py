@@ -1,0 +1,108 @@
+"""Config validation: unknown keys with suggestions, wrong types, ranges, combinations."""
+
+import pytest
+
+from tokenergy.config import (
+    ConfigError,
+    RunConfig,
+    apply_overrides,
+    config_from_dict,
+    config_to_dict,
+    load_config,
+    parse_override_args,
+    save_config,
+)
+
+
+def test_defaults_are_valid_and_round_trip(tmp_path):
+    cfg = RunConfig()
+    assert cfg.batch_size == 8 * 128
+    save_config(cfg, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == cfg
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "text"),
+    [
+        ({"ppo": {"clip_esp": 0.1}}, "ppo.clip_esp", "did you mean 'clip_eps'"),
+        ({"enrgy": {}}, "enrgy", "did you mean 'energy'"),
+        ({"ppo": {"epochs": "four"}}, "ppo.epochs", "must be int"),
+        ({"ppo": {"epochs": 2.5}}, "ppo.epochs", "must be int"),
+        ({"ppo": {"anneal_lr": 1}}, "ppo.anneal_lr", "must be bool"),
+        ({"ppo": {"clip_eps": 1.5}}, "ppo.clip_eps", "must be in (0, 1)"),
+        ({"ppo": {"gamma": -0.1}}, "ppo.gamma", "must be in [0, 1]"),
+        ({"env": {"num_envs": 0}}, "env.num_envs", "must be in [1, 4096]"),
+        ({"energy": {"weighting": "bottlenek"}}, "energy.weighting", "did you mean 'bottleneck'"),
+        ({"energy": {"shuffle": True}}, "energy.shuffle", "set energy.weighting"),
+        ({"ppo": {"minibatches": 3}}, "ppo.minibatches", "must divide the batch"),
+        ({"ppo": {"total_steps": 10}}, "ppo.total_steps", "at least one batch"),
+        ({"device": "tpu"}, "device", "cpu, cuda"),
+        ({"model": {"hidden_sizes": [64, -1]}}, "model.hidden_sizes", "positive ints"),
+        (
+            {"ablation": {"variants": {"x": {"ppo.clip_eps": 7}}}},
+            "ablation.variants.x.ppo.clip_eps",
+            "must be in",
+        ),
+        ({"ppo": 3}, "ppo", "must be a mapping"),
+    ],
+)
+def test_bad_values_name_the_field(data, field, text):
+    with pytest.raises(ConfigError) as info:
+        config_from_dict(data)
+    assert info.value.field_path == field
+    assert text in str(info.value)
+
+
+def test_overrides_dashes_types_and_sections():
+    cfg = apply_overrides(
+        RunConfig(), {"ppo.clip-eps": 0.1, "energy.shuffle": True, "energy.weighting": "bottleneck"}
+    )
+    assert cfg.ppo.clip_eps == 0.1 and cfg.energy.shuffle
+    assert apply_overrides(cfg, {"ppo.lr": 1}).ppo.lr == 1.0  # ints are fine for floats
+    with pytest.raises(ConfigError, match="is a section"):
+        apply_overrides(cfg, {"ppo": 1})
+    with pytest.raises(ConfigError, match="not a section"):
+        apply_overrides(cfg, {"seed.x": 1})
+    with pytest.raises(ConfigError, match="did you mean 'seed'"):
+        apply_overrides(cfg, {"sed": 1})
+
+
+def test_parse_override_args():
+    args = [
+        "--ppo.clip-eps",
+        "0.1",
+        "--energy.shuffle",
+        "--model.hidden-sizes=[32, 32]",
+        "--ppo.target-kl",
+        "null",
+    ]
+    assert parse_override_args(args) == {
+        "ppo.clip-eps": 0.1,
+        "energy.shuffle": True,
+        "model.hidden-sizes": [32, 32],
+        "ppo.target-kl": None,
+    }
+    with pytest.raises(ConfigError, match="unexpected argument"):
+        parse_override_args(["stray"])
+
+
+def test_string_fields_stay_strings_from_the_cli(tmp_path):
+    cfg = load_config(None, {"name": 123})
+    assert cfg.name == "123"
+
+
+def test_missing_or_broken_preset(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ppo: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_shipped_presets_load():
+    from pathlib import Path
+
+    for p in sorted(Path(__file__).parent.parent.joinpath("configs").glob("*.yaml")):
+        load_config(p)
