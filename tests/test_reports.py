@@ -5,7 +5,13 @@ import math
 
 import pytest
 
-from tokenergy.reports import final_value, load_ablation, steps_to_threshold, summarize, write_report
+from tokenergy.reports import (
+    final_value,
+    load_ablation,
+    steps_to_threshold,
+    summarize,
+    write_report,
+)
 from tokenergy.runs import RunDirError
 
 
@@ -39,7 +45,9 @@ def test_summarize_over_seeds():
 
 def _write(run_dir, metric_rows):
     run_dir.mkdir(parents=True)
-    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in metric_rows) + '{"trunc')
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in metric_rows) + '{"trunc'
+    )
 
 
 def test_write_report_for_an_ablation_folder(tmp_path):
@@ -60,5 +68,5 @@ def test_write_report_for_an_ablation_folder(tmp_path):
 def test_report_errors_name_the_path(tmp_path):
     with pytest.raises(RunDirError, match="is not a folder"):
         load_ablation(tmp_path / "missing")
-    with pytest.raises(RunDirError, match="neither metrics.jsonl"):
+    with pytest.raises(RunDirError, match=r"neither metrics\.jsonl"):
         load_ablation(tmp_path)
