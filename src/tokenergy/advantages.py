@@ -9,7 +9,7 @@ import torch
 # masked_mean and whiten are re-exported so the math of this stage reads from one module.
 from tokenergy.ops import masked_mean, whiten
 
-__all__ = ["gae", "group_relative", "masked_mean", "whiten"]
+__all__ = ["gae", "group_relative", "masked_mean", "token_gae", "whiten"]
 
 
 @torch.no_grad()
@@ -104,3 +104,55 @@ def group_relative(
     else:
         advantages = centred
     return torch.where(counts[inverse] > 1, advantages, torch.zeros_like(advantages))
+
+
+@torch.no_grad()
+def token_gae(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    terminated: torch.Tensor,
+    bootstrap: torch.Tensor,
+    gamma: float,
+    lam: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE over the trained tokens of multi-turn sequences, skipping observation tokens.
+
+    The agent's tokens of every row are taken in order (observation text between turns is
+    the environment's move, not a decision): token ``k``'s successor is the next trained
+    token, whose value already reads the new observation. After the last trained token the
+    episode either terminated (no bootstrap) or was truncated (bootstrap from ``bootstrap``,
+    the value after the final observation). Then :func:`gae` runs on the compacted rows and
+    the result is scattered back.
+
+    Args:
+        rewards: ``[B, T]`` per-token rewards (the turn reward on its last token).
+        values: ``[B, T]`` value of the state in which each token was chosen.
+        mask: ``[B, T]`` bool, trained tokens.
+        terminated: ``[B]`` bool.
+        bootstrap: ``[B]`` value after the last token (used when not terminated).
+        gamma, lam: discount and GAE λ, per token.
+
+    Returns:
+        ``(advantages, returns)``, ``[B, T]``, zero outside the mask.
+    """
+    B, T = rewards.shape
+    mask = mask.bool()
+    # Stable sort puts each row's trained tokens first, in their original order.
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)  # (B, T)
+    n = mask.sum(1)  # (B,)
+    c_mask = torch.gather(mask, 1, order)
+    c_rewards = torch.gather(rewards, 1, order) * c_mask
+    c_values = torch.gather(values, 1, order) * c_mask
+    idx = torch.arange(T, device=rewards.device)
+    is_last = idx[None, :] == (n - 1).clamp(min=0)[:, None]  # (B, T)
+    next_values = torch.cat([c_values[:, 1:], c_values.new_zeros(B, 1)], dim=1)
+    boot = torch.where(terminated.bool(), torch.zeros_like(bootstrap), bootstrap)
+    next_values = torch.where(is_last, boot[:, None].to(next_values.dtype), next_values)
+    c_term = is_last & terminated.bool()[:, None]
+    ends = is_last | ~c_mask
+    c_adv, _ = gae(c_rewards, c_values, next_values, c_term, ends, gamma, lam)
+    c_adv = c_adv * c_mask
+    advantages = torch.zeros_like(rewards).scatter(1, order, c_adv)
+    returns = (advantages + values) * mask
+    return advantages, returns

@@ -19,7 +19,15 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "CONFIG_KINDS",
     "AblationConfig",
+    "AlgoConfig",
+    "EvalConfig",
+    "LMModelConfig",
+    "LMRunConfig",
+    "RolloutConfig",
+    "SFTConfig",
+    "TextEnvConfig",
     "ConfigError",
     "EnergyConfig",
     "EnvConfig",
@@ -28,6 +36,7 @@ __all__ = [
     "PPOConfig",
     "RunConfig",
     "apply_overrides",
+    "config_class",
     "config_from_dict",
     "config_to_dict",
     "load_config",
@@ -258,6 +267,7 @@ class AblationConfig:
 class RunConfig:
     """One training run."""
 
+    kind: str = _f("vector", "vector: PPO on a vector-observation Gymnasium env")
     name: str = _f("run", "run name, used for the default run folder")
     seed: int = _f(0, "the single seed of the run (model init, sampling, env resets)")
     device: str = _f("cpu", "torch device: cpu, cuda, cuda:N or auto")
@@ -271,12 +281,7 @@ class RunConfig:
     ablation: AblationConfig = field(default_factory=AblationConfig, metadata={"help": "ablation"})
 
     def __post_init__(self) -> None:
-        _in_range(self.seed, "seed", 0, 2**31 - 1)
-        _check(
-            self.device in ("cpu", "cuda", "auto") or self.device.startswith("cuda:"),
-            "device",
-            f"must be cpu, cuda, cuda:N or auto, got {self.device!r}",
-        )
+        _check_run_fields(self, "vector")
         batch = self.env.num_envs * self.ppo.num_steps
         if batch % self.ppo.minibatches:
             raise ConfigError(
@@ -296,6 +301,199 @@ class RunConfig:
     @property
     def num_iterations(self) -> int:
         return self.ppo.total_steps // self.batch_size
+
+
+def _check_run_fields(cfg: Any, kind: str) -> None:
+    _check(cfg.kind == kind, "kind", f"must be {kind!r} for this config type, got {cfg.kind!r}")
+    _in_range(cfg.seed, "seed", 0, 2**31 - 1)
+    _check(
+        cfg.device in ("cpu", "cuda", "auto") or cfg.device.startswith("cuda:"),
+        "device",
+        f"must be cpu, cuda, cuda:N or auto, got {cfg.device!r}",
+    )
+
+
+# --------------------------------------------------------------------------- LM agents
+
+
+@dataclass
+class TextEnvConfig:
+    """Which text environment the language-model agent plays."""
+
+    name: str = _f("frozenlake", "registered text env: frozenlake, sokoban, sudoku4")
+    kwargs: dict = _f({}, "keyword arguments of the env (e.g. is_slippery: true)")
+    max_turns: int = _f(10, "turns before an episode is truncated by the rollout")
+
+    def __post_init__(self) -> None:
+        from tokenergy.envs import TEXT_ENVS
+
+        _check(self.name in TEXT_ENVS, "name", TEXT_ENVS.unknown_message(self.name))
+        try:
+            TEXT_ENVS.get(self.name)(**self.kwargs)
+        except (TypeError, ValueError) as err:
+            raise ConfigError("kwargs", f"{self.name}: {err}") from None
+        _in_range(self.max_turns, "max_turns", 1, None)
+
+
+@dataclass
+class LMModelConfig:
+    """The policy: a named size built from scratch, or a local model folder."""
+
+    size: str = _f("tiny", "tiny (~0.1M), small (~0.9M) or base (~5M) parameters")
+    arch: str = _f("llama", "architecture of a model built from scratch: llama or gpt2")
+    path: str | None = _f(
+        None, "local folder of a saved agent or any Hugging Face causal LM; null builds one"
+    )
+
+    def __post_init__(self) -> None:
+        from tokenergy.models.lm import MODEL_SIZES
+
+        _check(
+            self.size in MODEL_SIZES,
+            "size",
+            f"must be one of {', '.join(MODEL_SIZES)}, got {self.size!r}",
+        )
+        _check(self.arch in ("llama", "gpt2"), "arch", f"must be llama or gpt2, got {self.arch!r}")
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm start on the scripted solver's episodes, with epsilon-noise."""
+
+    episodes: int = _f(512, "solver episodes in the SFT data; 0 skips SFT")
+    epsilon: float = _f(0.1, "chance that a demonstrated move is replaced by a random one")
+    epochs: int = _f(4, "passes over the SFT data")
+    batch_size: int = _f(32, "episodes per SFT step")
+    lr: float = _f(3e-3, "AdamW learning rate of SFT")
+
+    def __post_init__(self) -> None:
+        _in_range(self.episodes, "episodes", 0, None)
+        _in_range(self.epsilon, "epsilon", 0.0, 1.0)
+        _in_range(self.epochs, "epochs", 1, None)
+        _in_range(self.batch_size, "batch_size", 1, None)
+        _in_range(self.lr, "lr", 0.0, 1.0, lo_open=True)
+
+
+@dataclass
+class RolloutConfig:
+    """How episodes are sampled for each RL iteration."""
+
+    episodes: int = _f(32, "episodes per iteration (all groups together)")
+    group_size: int = _f(1, "episodes per env seed (GRPO's G); must divide episodes")
+    temperature: float = _f(1.0, "sampling temperature")
+    top_p: float = _f(1.0, "nucleus sampling threshold")
+    max_turn_tokens: int = _f(48, "tokens the agent may write in one turn")
+    max_tokens: int = _f(1024, "longest trajectory in tokens; longer episodes are truncated")
+
+    def __post_init__(self) -> None:
+        _in_range(self.episodes, "episodes", 1, None)
+        _in_range(self.group_size, "group_size", 1, None)
+        _in_range(self.temperature, "temperature", 0.0, None, lo_open=True)
+        _in_range(self.top_p, "top_p", 0.0, 1.0, lo_open=True)
+        _in_range(self.max_turn_tokens, "max_turn_tokens", 4, None)
+        _in_range(self.max_tokens, "max_tokens", 16, None)
+        if self.episodes % self.group_size:
+            raise ConfigError(
+                "group_size",
+                f"must divide rollout.episodes = {self.episodes}, got {self.group_size}",
+            )
+
+
+@dataclass
+class AlgoConfig:
+    """The RL update over tokens: PPO (value head, GAE), GRPO or REINFORCE with a baseline."""
+
+    name: str = _f("ppo", "registered algorithm: ppo, grpo or reinforce")
+    iterations: int = _f(50, "RL iterations (rollout + update)")
+    lr: float = _f(1e-4, "AdamW learning rate of the RL phase")
+    epochs: int = _f(2, "passes over each rollout batch")
+    minibatches: int = _f(4, "minibatches per pass")
+    clip_eps: float = _f(0.2, "ratio clip range")
+    clip_eps_high: float | None = _f(None, "upper clip range (clip-higher); null means clip_eps")
+    gamma: float = _f(1.0, "discount per token")
+    lam: float = _f(0.95, "GAE lambda (ppo)")
+    vf_coef: float = _f(0.5, "value-loss coefficient (ppo)")
+    value_clip: float | None = _f(0.2, "value clip range (ppo); null turns it off")
+    ent_coef: float = _f(0.0, "entropy bonus coefficient")
+    kl_coef: float = _f(0.02, "weight of the KL to the frozen reference; 0 turns it off")
+    kl_kind: str = _f("k1", "KL estimator: k1, k2 or k3")
+    kl_in: str = _f("reward", "where the KL goes: reward (per-token penalty) or loss")
+    max_grad_norm: float = _f(1.0, "global gradient-norm clip")
+    norm_adv: bool = _f(True, "whiten advantages over the trained tokens of the batch")
+
+    def __post_init__(self) -> None:
+        from tokenergy.algos.lm import ALGORITHMS
+
+        _check(self.name in ALGORITHMS, "name", ALGORITHMS.unknown_message(self.name))
+        _in_range(self.iterations, "iterations", 0, None)
+        _in_range(self.lr, "lr", 0.0, 1.0, lo_open=True)
+        _in_range(self.epochs, "epochs", 1, None)
+        _in_range(self.minibatches, "minibatches", 1, None)
+        _in_range(self.clip_eps, "clip_eps", 0.0, 1.0, lo_open=True, hi_open=True)
+        if self.clip_eps_high is not None:
+            _in_range(self.clip_eps_high, "clip_eps_high", 0.0, None, lo_open=True)
+        _in_range(self.gamma, "gamma", 0.0, 1.0)
+        _in_range(self.lam, "lam", 0.0, 1.0)
+        _in_range(self.vf_coef, "vf_coef", 0.0, None)
+        if self.value_clip is not None:
+            _in_range(self.value_clip, "value_clip", 0.0, None, lo_open=True)
+        _in_range(self.ent_coef, "ent_coef", 0.0, None)
+        _in_range(self.kl_coef, "kl_coef", 0.0, None)
+        _check(self.kl_kind in ("k1", "k2", "k3"), "kl_kind", f"must be k1, k2 or k3, got {self.kl_kind!r}")
+        _check(
+            self.kl_in in ("reward", "loss"), "kl_in", f"must be reward or loss, got {self.kl_in!r}"
+        )
+        _in_range(self.max_grad_norm, "max_grad_norm", 0.0, None, lo_open=True)
+
+
+@dataclass
+class EvalConfig:
+    """Held-out evaluation: env seeds the training never sees."""
+
+    episodes: int = _f(64, "held-out episodes per evaluation")
+    every: int = _f(10, "RL iterations between evaluations (and one at the start and end)")
+    seed_offset: int = _f(1_000_000, "held-out env seeds start here (training seeds stay below)")
+    temperature: float = _f(0.0, "sampling temperature of evaluation; 0 is greedy")
+
+    def __post_init__(self) -> None:
+        _in_range(self.episodes, "episodes", 1, None)
+        _in_range(self.every, "every", 1, None)
+        _in_range(self.seed_offset, "seed_offset", 0, None)
+        _in_range(self.temperature, "temperature", 0.0, None)
+
+
+@dataclass
+class LMRunConfig:
+    """One language-model agent run: SFT warm start, then RL over tokens."""
+
+    kind: str = _f("lm", "lm: a language-model agent in a text environment")
+    name: str = _f("lm-run", "run name, used for the default run folder")
+    seed: int = _f(0, "the single seed of the run (model init, sampling, env seeds)")
+    device: str = _f("cpu", "torch device: cpu, cuda, cuda:N or auto")
+    env: TextEnvConfig = field(default_factory=TextEnvConfig, metadata={"help": "environment"})
+    model: LMModelConfig = field(default_factory=LMModelConfig, metadata={"help": "policy"})
+    sft: SFTConfig = field(default_factory=SFTConfig, metadata={"help": "SFT warm start"})
+    rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "sampling"})
+    algo: AlgoConfig = field(default_factory=AlgoConfig, metadata={"help": "RL algorithm"})
+    eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "evaluation"})
+    log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging and checkpoints"})
+
+    def __post_init__(self) -> None:
+        _check_run_fields(self, "lm")
+        if self.algo.name == "grpo" and self.rollout.group_size < 2:
+            raise ConfigError(
+                "rollout.group_size",
+                "GRPO needs at least 2 episodes per env seed (group-relative advantages of a "
+                "group of one are 0); set rollout.group_size to 2 or more",
+            )
+        if self.rollout.episodes % self.algo.minibatches:
+            raise ConfigError(
+                "algo.minibatches",
+                f"must divide rollout.episodes = {self.rollout.episodes}, got {self.algo.minibatches}",
+            )
+
+
+CONFIG_KINDS: dict[str, type] = {"vector": RunConfig, "lm": LMRunConfig}
 
 
 # --------------------------------------------------------------------------- building
@@ -380,10 +578,20 @@ def _build(cls: type, data: dict, path: str) -> Any:
         raise (err.prefixed(path) if path else err) from None
 
 
-def config_from_dict(data: dict | None) -> RunConfig:
-    """Build and validate a :class:`RunConfig` from nested plain data (a parsed YAML file)."""
-    cfg = _build(RunConfig, data or {}, "")
-    for name, overrides in cfg.ablation.variants.items():
+def config_class(data: dict | None) -> type:
+    """The config class a preset asks for with its ``kind`` (``vector`` unless said)."""
+    kind = (data or {}).get("kind", "vector")
+    if kind not in CONFIG_KINDS:
+        raise ConfigError("kind", f"must be one of {', '.join(CONFIG_KINDS)}, got {kind!r}")
+    return CONFIG_KINDS[kind]
+
+
+def config_from_dict(data: dict | None) -> Any:
+    """Build and validate a run config (:class:`RunConfig` or :class:`LMRunConfig`, by
+    ``kind``) from nested plain data (a parsed YAML file)."""
+    cfg = _build(config_class(data), data or {}, "")
+    ablation = getattr(cfg, "ablation", None)
+    for name, overrides in (ablation.variants if ablation else {}).items():
         try:
             apply_overrides(cfg, overrides)
         except ConfigError as err:
@@ -406,7 +614,7 @@ def config_to_dict(cfg: Any) -> dict:
     return plain(dataclasses.asdict(cfg))
 
 
-def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
+def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     """Return a new config with dotted-path overrides applied (``{"ppo.clip_eps": 0.1}``).
 
     Dashes in names are accepted for underscores (``ppo.clip-eps``). The result is validated
@@ -416,7 +624,7 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
     for dotted, value in overrides.items():
         parts = [p.replace("-", "_") for p in dotted.split(".")]
         node: Any = data
-        cls: Any = RunConfig
+        cls: Any = type(cfg)
         for i, part in enumerate(parts):
             sub_path = ".".join(parts[: i + 1])
             parent_path = ".".join(parts[:i])
@@ -442,7 +650,7 @@ def apply_overrides(cfg: RunConfig, overrides: dict[str, Any]) -> RunConfig:
             else:
                 node = node.setdefault(part, {})
                 cls = tp
-    return _build(RunConfig, data, "")
+    return _build(type(cfg), data, "")
 
 
 def parse_override_args(args: list[str]) -> dict[str, Any]:
@@ -478,7 +686,7 @@ def parse_override_args(args: list[str]) -> dict[str, Any]:
     return out
 
 
-def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> RunConfig:
+def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> Any:
     """Read a YAML preset (or the defaults when ``path`` is None) and apply overrides."""
     data: dict = {}
     if path is not None:
@@ -497,12 +705,12 @@ def load_config(path: str | Path | None, overrides: dict[str, Any] | None = None
     return cfg
 
 
-def _stringly(cfg: RunConfig, overrides: dict[str, Any]) -> dict[str, Any]:
+def _stringly(cfg: Any, overrides: dict[str, Any]) -> dict[str, Any]:
     """A CLI value for a ``str`` field stays a string even when YAML reads it as a number."""
     out = {}
     for dotted, value in overrides.items():
         parts = [p.replace("-", "_") for p in dotted.split(".")]
-        cls: Any = RunConfig
+        cls: Any = type(cfg)
         tp: Any = None
         for part in parts:
             if not dataclasses.is_dataclass(cls):
@@ -517,6 +725,6 @@ def _stringly(cfg: RunConfig, overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def save_config(cfg: RunConfig, path: str | Path) -> None:
+def save_config(cfg: Any, path: str | Path) -> None:
     """Write the resolved config as YAML."""
     Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False))

@@ -21,14 +21,14 @@ __all__ = ["Role"]
 class Role(enum.IntEnum):
     """Who wrote a token, and therefore how the loss treats it.
 
-    Roles live in a ``[B, T]`` int tensor beside the loss mask. ``PROMPT`` and ``OBSERVATION``
-    are written by the environment and never trained; ``REASONING`` sits inside
-    ``<think>…</think>``, ``ACTION`` inside ``<answer>…</answer>``, ``FORMAT`` is the tags.
-    A step of a vector-observation env is one ``ACTION`` token.
+    Roles live in a ``[B, T]`` int tensor beside the loss mask. ``OBSERVATION`` is the prompt
+    and every text the environment writes: never trained. ``REASONING`` is what the agent
+    writes inside ``<think>…</think>`` (and any stray text outside the tags), ``ACTION`` what
+    it writes inside ``<answer>…</answer>``, ``FORMAT`` the tag tokens themselves and the
+    end-of-sequence token. A step of a vector-observation env is one ``ACTION`` token.
     """
 
-    PROMPT = 0
-    OBSERVATION = 1
-    REASONING = 2
-    ACTION = 3
-    FORMAT = 4
+    OBSERVATION = 0
+    REASONING = 1
+    ACTION = 2
+    FORMAT = 3

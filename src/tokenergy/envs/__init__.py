@@ -1,13 +1,29 @@
-"""Environments. Importing this package registers the ``tokenergy/*`` Gymnasium ids."""
+"""Environments. Importing this package registers the ``tokenergy/*`` Gymnasium ids and the
+text envs of :func:`make` (``frozenlake``, ``sokoban``, ``sudoku4``)."""
 
 from __future__ import annotations
 
 import gymnasium as gym
 
 from tokenergy.envs.bottleneck import BottleneckGridEnv
+from tokenergy.envs.frozenlake import FrozenLakeText
+from tokenergy.envs.sokoban import SokobanText
+from tokenergy.envs.sudoku import Sudoku4Text
+from tokenergy.envs.text import TEXT_ENVS, TextEnv, make
 from tokenergy.envs.vector import BatchedEnv, EpisodeStats, StepResult
 
-__all__ = ["BatchedEnv", "BottleneckGridEnv", "EpisodeStats", "StepResult"]
+__all__ = [
+    "TEXT_ENVS",
+    "BatchedEnv",
+    "BottleneckGridEnv",
+    "EpisodeStats",
+    "FrozenLakeText",
+    "SokobanText",
+    "StepResult",
+    "Sudoku4Text",
+    "TextEnv",
+    "make",
+]
 
 if "tokenergy/BottleneckGrid-v0" not in gym.registry:
     gym.register(

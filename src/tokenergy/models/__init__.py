@@ -1,5 +1,24 @@
-"""Models. ``mlp`` holds the actor-critic for vector observations."""
+"""Models. ``mlp`` holds the actor-critic for vector observations, ``lm`` the language-model
+agents (tokenizer, tiny causal LMs, value head, save / load)."""
 
+from tokenergy.models.lm import (
+    MODEL_SIZES,
+    AgentModel,
+    ModelLoadError,
+    build_agent,
+    build_tokenizer,
+    load_agent,
+    save_agent,
+)
 from tokenergy.models.mlp import ActorCritic
 
-__all__ = ["ActorCritic"]
+__all__ = [
+    "MODEL_SIZES",
+    "ActorCritic",
+    "AgentModel",
+    "ModelLoadError",
+    "build_agent",
+    "build_tokenizer",
+    "load_agent",
+    "save_agent",
+]

@@ -1,0 +1,465 @@
+"""Language-model agents: SFT warm start, then PPO, GRPO or REINFORCE over tokens.
+
+The loop reads top to bottom: (SFT on noisy solver episodes) → freeze a reference copy →
+per iteration: rollout → score (log-probs, values, reference log-probs, one forward) →
+per-token rewards (KL penalty) → advantages (the algorithm) → epochs of minibatch updates →
+log, evaluate, checkpoint.
+
+Simplifications, stated once: a minibatch is a set of whole episodes; the loss is the mean over
+the trained tokens of the minibatch (token-mean aggregation); advantages are whitened over
+every trained token of the batch; the KL to the reference is a per-token reward (``k1`` by
+default) or a loss term; one AdamW for policy and value head.
+
+Algorithms are registered by name in :data:`ALGORITHMS`; each turns a scored batch into
+per-token advantages (and value targets when it trains the value head):
+
+- ``ppo``: token-level GAE across turns (:func:`~tokenergy.advantages.token_gae`), value head.
+- ``grpo``: ``group_relative`` episode returns (G episodes per env seed) on every token
+  (Shao et al., 2024, arXiv:2402.03300).
+- ``reinforce``: discounted return-to-go minus the batch mean episode return.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tokenergy.advantages import group_relative, token_gae, whiten
+from tokenergy.config import LMRunConfig
+from tokenergy.envs import make
+from tokenergy.envs.text import TextEnv
+from tokenergy.losses import kl_estimate, ppo_policy_loss, value_loss
+from tokenergy.ops import masked_mean, masked_var
+from tokenergy.registry import Registry
+from tokenergy.rollout import (
+    Scored,
+    Trajectories,
+    collate,
+    rollout,
+    score,
+    token_logprobs,
+)
+from tokenergy.runs import Run
+from tokenergy.types import Role
+
+__all__ = [
+    "ALGORITHMS",
+    "AdvantageResult",
+    "LMTrainResult",
+    "evaluate",
+    "noisy_solver",
+    "sft",
+    "train_lm",
+]
+
+ProgressFn = Callable[[int, int, int, dict[str, float]], None]
+
+
+@dataclass
+class AdvantageResult:
+    advantages: torch.Tensor  # (B, T), zero outside the mask
+    returns: torch.Tensor | None  # (B, T) value targets, or None when no value head is trained
+
+
+AdvantageFn = Callable[[Trajectories, Scored, torch.Tensor, Any], AdvantageResult]
+ALGORITHMS: Registry[AdvantageFn] = Registry("algorithm")
+
+
+@ALGORITHMS.register("ppo")
+def _ppo_advantages(traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg) -> AdvantageResult:
+    adv, ret = token_gae(
+        rewards, sc.values, traj.mask, traj.terminated, sc.bootstrap, cfg.gamma, cfg.lam
+    )
+    return AdvantageResult(adv, ret)
+
+
+@ALGORITHMS.register("grpo")
+def _grpo_advantages(traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg) -> AdvantageResult:
+    # An episode's score is its total reward (the KL penalty included when it is a reward).
+    per_episode = (rewards * traj.mask).sum(1)
+    adv = group_relative(per_episode, traj.groups, scale="group")
+    return AdvantageResult(adv[:, None] * traj.mask, None)
+
+
+@ALGORITHMS.register("reinforce")
+def _reinforce_advantages(
+    traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg
+) -> AdvantageResult:
+    # Return-to-go over the agent's tokens is GAE with V = 0 and lambda = 1, no bootstrap.
+    zeros = torch.zeros_like(rewards)
+    to_go, _ = token_gae(
+        rewards, zeros, traj.mask, traj.terminated, zeros[:, 0], cfg.gamma, 1.0
+    )
+    baseline = (rewards * traj.mask).sum(1).mean()
+    return AdvantageResult((to_go - baseline) * traj.mask, None)
+
+
+@dataclass
+class LMTrainResult:
+    agent: torch.nn.Module
+    history: list[dict[str, float]]
+    evals: list[dict[str, float]]
+    run_dir: Path | None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def noisy_solver(epsilon: float, rng: np.random.Generator) -> Callable[[TextEnv], str]:
+    """The solver's turn, with its move replaced by a random one with probability ``epsilon``.
+
+    The scratchpad still states the solver's plan, so the noise sits on the action tokens:
+    the SFT policy learns to reason well and act imperfectly.
+    """
+    from tokenergy.envs.text import format_turn
+
+    def turn(env: TextEnv) -> str:
+        move = env.random_action(rng) if rng.random() < epsilon else env.solver_action()
+        return format_turn(env.reasoning(), [move])
+
+    return turn
+
+
+def _envs(cfg: LMRunConfig, n: int) -> list[TextEnv]:
+    return [make(cfg.env.name, **cfg.env.kwargs) for _ in range(n)]
+
+
+def _episode_stats(traj: Trajectories, prefix: str) -> dict[str, float]:
+    turns = traj.turns.float()
+    agent_tokens = traj.mask.sum(1).float()
+    action = (traj.roles == int(Role.ACTION)) & traj.mask
+    return {
+        f"{prefix}/return": float(traj.episode_return.mean()),
+        f"{prefix}/success": float(traj.success.float().mean()),
+        f"{prefix}/invalid_rate": float(traj.invalid_turns.sum() / turns.sum().clamp(min=1)),
+        f"{prefix}/turns": float(turns.mean()),
+        f"{prefix}/tokens": float((traj.last_index + 1).float().mean()),
+        f"{prefix}/agent_tokens": float(agent_tokens.mean()),
+        f"{prefix}/action_token_share": float(action.sum() / traj.mask.sum().clamp(min=1)),
+    }
+
+
+@torch.no_grad()
+def evaluate(
+    agent: torch.nn.Module,
+    cfg: LMRunConfig,
+    episodes: int | None = None,
+    temperature: float | None = None,
+    seed_offset: int | None = None,
+) -> dict[str, float]:
+    """Success rate, invalid-action rate, mean turns and tokens on held-out env seeds."""
+    n = episodes or cfg.eval.episodes
+    offset = cfg.eval.seed_offset if seed_offset is None else seed_offset
+    temp = cfg.eval.temperature if temperature is None else temperature
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    was_training = agent.training
+    agent.eval()
+    eps = []
+    for start in range(0, n, 64):  # chunks bound the memory of one batched generation
+        k = min(64, n - start)
+        eps += rollout(
+            agent.policy,
+            agent.tokenizer,
+            _envs(cfg, k),
+            [offset + start + i for i in range(k)],
+            max_turns=cfg.env.max_turns,
+            max_turn_tokens=cfg.rollout.max_turn_tokens,
+            max_tokens=cfg.rollout.max_tokens,
+            temperature=temp,
+            top_p=cfg.rollout.top_p,
+            generator=gen,
+        )
+    agent.train(was_training)
+    return _episode_stats(collate(eps, agent.tokenizer.pad_token_id), "eval")
+
+
+def sft(
+    agent: torch.nn.Module,
+    cfg: LMRunConfig,
+    log: Callable[[int, dict[str, float]], None] | None = None,
+) -> list[float]:
+    """Fit the agent to noisy solver episodes (cross-entropy on the agent-written tokens)."""
+    s = cfg.sft
+    rng = np.random.default_rng(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    seeds = [int(x) for x in rng.integers(0, cfg.eval.seed_offset, size=s.episodes)]
+    eps = rollout(
+        agent.policy,
+        agent.tokenizer,
+        _envs(cfg, s.episodes),
+        seeds,
+        max_turns=cfg.env.max_turns,
+        max_turn_tokens=cfg.rollout.max_turn_tokens,
+        max_tokens=cfg.rollout.max_tokens,
+        turn_fn=noisy_solver(s.epsilon, rng),
+    )
+    data = collate(eps, agent.tokenizer.pad_token_id)
+    device = agent.device
+    opt = torch.optim.AdamW(agent.policy.parameters(), lr=s.lr, weight_decay=0.0)
+    n_steps = s.epochs * ((s.episodes + s.batch_size - 1) // s.batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(n_steps, 1))
+    losses, step = [], 0
+    agent.train()
+    for _epoch in range(s.epochs):
+        perm = torch.randperm(data.batch_size, generator=gen)
+        for start in range(0, data.batch_size, s.batch_size):
+            mb = data.select(perm[start : start + s.batch_size])
+            length = int(mb.last_index.max()) + 1
+            tokens = mb.tokens[:, :length].to(device)
+            mask = mb.mask[:, :length].to(device)
+            out = agent.policy(
+                input_ids=tokens, attention_mask=mb.attention_mask[:, :length].to(device)
+            )
+            loss = -masked_mean(token_logprobs(out.logits, tokens), mask)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(agent.policy.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            step += 1
+            losses.append(float(loss.detach()))
+            if log is not None:
+                log(step, {"sft/loss": losses[-1], "sft/step": step})
+    return losses
+
+
+def _write_samples(run: Run, iteration: int, traj: Trajectories, sc: Scored, adv, tokenizer, k=2):
+    with open(run.path / "samples.jsonl", "a") as f:
+        for i in range(min(k, traj.batch_size)):
+            n = int(traj.last_index[i]) + 1
+            f.write(
+                json.dumps(
+                    {
+                        "iteration": iteration,
+                        "episode": i,
+                        "return": float(traj.episode_return[i]),
+                        "success": bool(traj.success[i]),
+                        "tokens": tokenizer.convert_ids_to_tokens(traj.tokens[i, :n].tolist()),
+                        "roles": traj.roles[i, :n].tolist(),
+                        "logprob": [round(x, 4) for x in sc.logprobs[i, :n].tolist()],
+                        "advantage": [round(x, 4) for x in adv[i, :n].tolist()],
+                        "reward": [round(x, 4) for x in traj.rewards[i, :n].tolist()],
+                    }
+                )
+                + "\n"
+            )
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+def train_lm(
+    cfg: LMRunConfig,
+    run: Run | None = None,
+    progress: ProgressFn | None = None,
+    agent: torch.nn.Module | None = None,
+) -> LMTrainResult:
+    """SFT (when ``cfg.sft.episodes > 0``), then ``cfg.algo.iterations`` RL iterations."""
+    from tokenergy.algos.ppo import resolve_device
+    from tokenergy.models import build_agent, load_agent, save_agent
+
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    if agent is None:
+        if cfg.model.path:
+            agent = load_agent(cfg.model.path)
+        else:
+            agent = build_agent(cfg.model.size, cfg.model.arch, seed=cfg.seed)
+    agent = agent.to(device)
+    tok = agent.tokenizer
+    a = cfg.algo
+    advantage_fn = ALGORITHMS.get(a.name)
+    trains_value = a.name == "ppo"
+    history: list[dict[str, float]] = []
+    evals: list[dict[str, float]] = []
+    n_iters = a.iterations
+    total = n_iters + 1  # progress: SFT counts as one step
+    t_start = time.perf_counter()
+
+    def log(step: int, row: dict[str, float]) -> None:
+        if run is not None:
+            run.log(step, row)
+
+    # ---- SFT warm start -------------------------------------------------------------------
+    if cfg.sft.episodes > 0:
+        sft(agent, cfg, log=log if run is not None else None)
+    ev = {"train/iteration": 0, **evaluate(agent, cfg)}
+    evals.append(ev)
+    log(0, ev)
+    if progress is not None:
+        progress(1, total, 0, ev)
+
+    # ---- RL -------------------------------------------------------------------------------
+    ref = copy.deepcopy(agent.policy).eval().requires_grad_(False) if a.kl_coef > 0 else None
+    params = [p for p in agent.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0)
+    n_groups = cfg.rollout.episodes // cfg.rollout.group_size
+    episodes_done = 0
+    for iteration in range(n_iters):
+        t0 = time.perf_counter()
+        env_seeds = rng.integers(0, cfg.eval.seed_offset, size=n_groups)
+        seeds = [int(s) for s in np.repeat(env_seeds, cfg.rollout.group_size)]
+        groups = [i // cfg.rollout.group_size for i in range(len(seeds))]
+        agent.eval()
+        eps = rollout(
+            agent.policy,
+            tok,
+            _envs(cfg, len(seeds)),
+            seeds,
+            groups=groups,
+            max_turns=cfg.env.max_turns,
+            max_turn_tokens=cfg.rollout.max_turn_tokens,
+            max_tokens=cfg.rollout.max_tokens,
+            temperature=cfg.rollout.temperature,
+            top_p=cfg.rollout.top_p,
+            generator=gen,
+        )
+        traj = collate(eps, tok.pad_token_id)
+        episodes_done += traj.batch_size
+        t_rollout = time.perf_counter() - t0
+
+        # ---- score, rewards, advantages (no gradient) ------------------------------------
+        t1 = time.perf_counter()
+        sc = score(agent, ref, traj)
+        mask = traj.mask
+        kl_tok = kl_estimate(sc.logprobs, sc.ref_logprobs, a.kl_kind) * mask  # (B, T)
+        rewards = traj.rewards.clone()
+        if a.kl_coef > 0 and a.kl_in == "reward":
+            rewards = rewards - a.kl_coef * kl_tok
+        res = advantage_fn(traj, sc, rewards, a)
+        advantages = res.advantages
+        adv_loss = whiten(advantages, mask) if a.norm_adv else advantages
+
+        # ---- update -------------------------------------------------------------------------
+        agent.train()
+        sums: dict[str, float] = {}
+        n_updates = 0
+        mb_size = traj.batch_size // a.minibatches
+        for _epoch in range(a.epochs):
+            perm = torch.randperm(traj.batch_size, generator=gen)
+            for start in range(0, traj.batch_size, mb_size):
+                idx = perm[start : start + mb_size]
+                length = int(traj.last_index[idx].max()) + 1
+                cols = slice(0, length)
+                tokens = traj.tokens[idx, cols].to(device)
+                mb_mask = mask[idx, cols].to(device)
+                out = agent(tokens, traj.attention_mask[idx, cols].to(device), trains_value)
+                new_logprobs = token_logprobs(out.logits, tokens)
+                pg_loss, pg_m = ppo_policy_loss(
+                    new_logprobs,
+                    sc.logprobs[idx, cols].to(device),
+                    adv_loss[idx, cols].to(device),
+                    mb_mask,
+                    a.clip_eps,
+                    clip_eps_high=a.clip_eps_high,
+                )
+                loss = pg_loss
+                metrics = dict(pg_m)
+                if trains_value:
+                    v = out.values
+                    new_values = torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], 1)
+                    v_loss, v_m = value_loss(
+                        new_values,
+                        sc.values[idx, cols].to(device),
+                        res.returns[idx, cols].to(device),
+                        mb_mask,
+                        a.value_clip,
+                    )
+                    loss = loss + a.vf_coef * v_loss
+                    metrics.update(v_m)
+                if a.ent_coef > 0:
+                    logp = torch.log_softmax(out.logits[:, :-1].float(), -1)
+                    ent = -(logp.exp() * logp).sum(-1)
+                    ent = torch.cat([ent.new_zeros(ent.shape[0], 1), ent], 1)
+                    ent_mean = masked_mean(ent, mb_mask)
+                    loss = loss - a.ent_coef * ent_mean
+                    metrics["entropy_bonus"] = ent_mean.detach()
+                if a.kl_coef > 0 and a.kl_in == "loss":
+                    kl = masked_mean(
+                        kl_estimate(new_logprobs, sc.ref_logprobs[idx, cols].to(device), a.kl_kind),
+                        mb_mask,
+                    )
+                    loss = loss + a.kl_coef * kl
+                    metrics["kl_loss"] = kl.detach()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)
+                opt.step()
+                metrics["grad_norm"] = grad_norm
+                for k, val in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + float(val)
+                n_updates += 1
+        means = {k: v / n_updates for k, v in sums.items()}
+        t_update = time.perf_counter() - t1
+
+        # ---- metrics ------------------------------------------------------------------------
+        trained_tokens = int(mask.sum())
+        row: dict[str, float] = {
+            "train/iteration": iteration + 1,
+            "train/episodes": episodes_done,
+            "train/lr": opt.param_groups[0]["lr"],
+            "train/clipfrac": means["clipfrac"],
+            "train/approx_kl": means["approx_kl"],
+            "train/grad_norm": means["grad_norm"],
+            "train/ratio_max": means["ratio_max"],
+            "train/updates": n_updates,
+            "loss/policy": means["policy_loss"],
+            "loss/entropy": float(masked_mean(sc.entropy, mask)),
+            "kl/ref": float(masked_mean(kl_estimate(sc.logprobs, sc.ref_logprobs, "k3"), mask)),
+            "adv/mean": float(masked_mean(advantages, mask)),
+            "adv/std": float(masked_var(advantages, mask).sqrt()),
+            **_episode_stats(traj, "rollout"),
+            "perf/rollout_s": t_rollout,
+            "perf/update_s": t_update,
+            "perf/gen_tokens_per_s": trained_tokens / max(t_rollout, 1e-9),
+            "perf/update_tokens_per_s": a.epochs * int(traj.attention_mask.sum()) / max(t_update, 1e-9),
+            "perf/elapsed_s": time.perf_counter() - t_start,
+        }
+        if trains_value:
+            var_r = masked_var(res.returns, mask)
+            row["loss/value"] = means["value_loss"]
+            row["loss/value_clipfrac"] = means["value_clipfrac"]
+            row["train/explained_var"] = (
+                float("nan")
+                if float(var_r) == 0
+                else float(1 - masked_var(res.returns - sc.values, mask) / var_r)
+            )
+        if "kl_loss" in means:
+            row["loss/kl"] = means["kl_loss"]
+        if "entropy_bonus" in means:
+            row["loss/entropy_bonus"] = means["entropy_bonus"]
+        last = iteration + 1 == n_iters
+        if (iteration + 1) % cfg.eval.every == 0 or last:
+            ev = evaluate(agent, cfg)
+            row.update(ev)
+            evals.append({"train/iteration": iteration + 1, **ev})
+        history.append({"train/global_step": episodes_done, **row})
+        if run is not None:
+            run.log(episodes_done, row)
+            if iteration % max(1, n_iters // 10) == 0 or last:
+                _write_samples(run, iteration + 1, traj, sc, advantages, tok)
+            every = cfg.log.checkpoint_every
+            if (every and (iteration + 1) % every == 0) or last:
+                run.save_checkpoint(agent, iteration + 1, {"episodes": episodes_done})
+        if progress is not None:
+            progress(iteration + 2, total, episodes_done, row)
+
+    if run is not None:
+        tmp = run.path / ".agent-tmp"
+        save_agent(agent, tmp)
+        if (run.path / "agent").exists():
+            shutil.rmtree(run.path / "agent")
+        os.replace(tmp, run.path / "agent")  # the final agent folder appears complete or not at all
+    return LMTrainResult(agent, history, evals, run.path if run is not None else None)

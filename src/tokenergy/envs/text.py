@@ -1,0 +1,190 @@
+"""Multi-turn text environments: the contract, the action parser and the registry.
+
+A text env speaks Gymnasium's semantics with strings: ``reset(*, seed=None, options=None) ->
+(obs_text, info)`` and ``step(text) -> (obs_text, reward, terminated, truncated, info)``. The
+agent's whole turn (``<think>…</think><answer>…</answer>``) is passed to ``step``; the env
+reads the moves from the ``<answer>`` span. Anything it cannot use — no answer span, an empty
+or over-long answer, an unknown move, unicode garbage, more moves than ``max_actions_per_turn``
+— is an *invalid* turn: ``invalid_penalty``, state unchanged, ``info["invalid"] = True``, and
+it still counts against ``max_steps``. It never raises.
+
+Every env also carries a scripted solver (:meth:`TextEnv.solver_action`), the scratchpad a
+solver would write (:meth:`TextEnv.reasoning`, used for SFT data), its vocabulary (for the
+tokenizer) and ``clone()`` (for search).
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from tokenergy.registry import Registry
+
+__all__ = [
+    "TEXT_ENVS",
+    "TextEnv",
+    "extract_answer",
+    "format_turn",
+    "make",
+    "split_actions",
+]
+
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+MAX_TURN_CHARS = 4096  # a longer turn is invalid without being parsed further
+
+
+def extract_answer(text: str) -> str | None:
+    """The text inside the first ``<answer>…</answer>`` span, stripped; ``None`` when absent."""
+    if not isinstance(text, str) or len(text) > MAX_TURN_CHARS:
+        return None
+    m = _ANSWER.search(text)
+    return None if m is None else m.group(1).strip()
+
+
+def split_actions(answer: str) -> list[str]:
+    """``"Up || Left"`` → ``["Up", "Left"]`` (whitespace normalised, empty parts kept as ``""``)."""
+    return [" ".join(part.split()) for part in answer.split("||")]
+
+
+def format_turn(reasoning: str, actions: list[str]) -> str:
+    """The text a solver writes for one turn: ``<think> … </think> <answer> a || b </answer>``."""
+    return f"<think> {reasoning} </think> <answer> {' || '.join(actions)} </answer>"
+
+
+class TextEnv(abc.ABC):
+    """Base class: parsing, the step budget, invalid-turn handling and cloning.
+
+    Subclasses implement :meth:`_reset`, :meth:`_apply` (one parsed move), :meth:`_parse`
+    (move text → move or ``None``), :meth:`render`, :meth:`solver_action`,
+    :meth:`reasoning` and :meth:`vocabulary`.
+
+    Args:
+        max_steps: moves (valid or not) before the episode is truncated.
+        max_actions_per_turn: moves one turn may chain with ``||``.
+        invalid_penalty: reward of an invalid turn.
+    """
+
+    name: str = "text"
+    instructions: str = ""
+
+    def __init__(
+        self, max_steps: int = 20, max_actions_per_turn: int = 1, invalid_penalty: float = -0.1
+    ) -> None:
+        if max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1, got {max_steps}")
+        if max_actions_per_turn < 1:
+            raise ValueError(f"max_actions_per_turn must be >= 1, got {max_actions_per_turn}")
+        self.max_steps = max_steps
+        self.max_actions_per_turn = max_actions_per_turn
+        self.invalid_penalty = float(invalid_penalty)
+        self.steps = 0
+        self.done = False
+        self.rng = np.random.default_rng()
+
+    # ---- the Gymnasium-style API ---------------------------------------------------------
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        """Start an episode; the same seed gives the same level and the same dynamics."""
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.steps = 0
+        self.done = False
+        self._reset(options or {})
+        return self.observation(), {}
+
+    def step(self, text: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        """Play one turn of agent text. Never raises on bad text (see the module docstring)."""
+        if self.done:
+            raise RuntimeError(f"{self.name}: step() after the episode ended; call reset()")
+        moves = self._moves(text)
+        info: dict[str, Any] = {"invalid": moves is None}
+        reward, terminated = 0.0, False
+        if moves is None:
+            reward = self.invalid_penalty
+            self.steps += 1
+        else:
+            for move in moves:
+                r, terminated = self._apply(move)
+                reward += r
+                self.steps += 1
+                if terminated or self.steps >= self.max_steps:
+                    break
+        truncated = not terminated and self.steps >= self.max_steps
+        if terminated or truncated:
+            self.done = True
+            info["success"] = bool(self.solved())
+        return self.observation(), float(reward), bool(terminated), bool(truncated), info
+
+    def observation(self) -> str:
+        return self.render()
+
+    def clone(self) -> TextEnv:
+        """An independent copy of the env, its state and its random generator (for search)."""
+        return copy.deepcopy(self)
+
+    def solver_turn(self) -> str:
+        """The solver's whole turn text for the current state."""
+        return format_turn(self.reasoning(), [self.solver_action()])
+
+    # ---- parsing ---------------------------------------------------------------------------
+
+    def _moves(self, text: Any) -> list[Any] | None:
+        answer = extract_answer(text) if isinstance(text, str) else None
+        if not answer:
+            return None
+        parts = split_actions(answer)
+        if len(parts) > self.max_actions_per_turn:
+            return None
+        moves = [self._parse(p) for p in parts]
+        return None if any(m is None for m in moves) else moves
+
+    # ---- to implement ----------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def _reset(self, options: dict) -> None: ...
+
+    @abc.abstractmethod
+    def _parse(self, move: str) -> Any | None:
+        """One move's text → the env's move, or ``None`` when it is not a legal move here."""
+
+    @abc.abstractmethod
+    def _apply(self, move: Any) -> tuple[float, bool]:
+        """Apply one legal move; return ``(reward, terminated)``."""
+
+    @abc.abstractmethod
+    def solved(self) -> bool: ...
+
+    @abc.abstractmethod
+    def render(self) -> str: ...
+
+    @abc.abstractmethod
+    def solver_action(self) -> str:
+        """The scripted solver's next move, as the text an agent would put in ``<answer>``."""
+
+    @abc.abstractmethod
+    def random_action(self, rng: np.random.Generator) -> str:
+        """A uniformly random move's text (legal or not), for noisy demonstrations."""
+
+    @abc.abstractmethod
+    def reasoning(self) -> str:
+        """A short scratchpad: the state described and the plan, as a solver would think it."""
+
+    @classmethod
+    @abc.abstractmethod
+    def vocabulary(cls) -> list[str]:
+        """Every word this env's observations and solver turns use (for the tokenizer)."""
+
+
+TEXT_ENVS: Registry[Callable[..., TextEnv]] = Registry("text environment")
+
+
+def make(name: str, **kwargs: Any) -> TextEnv:
+    """Build a registered text env by name: ``make("sokoban", size=6)``."""
+    import tokenergy.envs  # noqa: F401  (registers the built-in envs)
+
+    return TEXT_ENVS.get(name)(**kwargs)

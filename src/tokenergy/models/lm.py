@@ -1,0 +1,242 @@
+"""Language-model agents built locally: a word-level tokenizer, tiny decoder-only policies from
+``transformers`` configs, a value head, and save / load from a local folder.
+
+Nothing is downloaded. The tokenizer's vocabulary is the special tokens, digits, a little
+punctuation and every word the registered text envs use, so any env text tokenizes without
+``<unk>``; agent text outside it maps to ``<unk>``. It is a ``PreTrainedTokenizerFast``, so it
+saves and loads like any Hugging Face tokenizer.
+
+A saved agent folder holds ``policy/`` (``save_pretrained`` of the causal LM and the
+tokenizer) and ``value_head.safetensors``. :func:`load_agent` also takes a plain Hugging Face
+causal-LM folder (a user's own checkpoint, with its tokenizer): the value head then starts
+fresh.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+__all__ = [
+    "MODEL_SIZES",
+    "SPECIAL_TOKENS",
+    "AgentModel",
+    "ModelLoadError",
+    "ValueHead",
+    "build_agent",
+    "build_tokenizer",
+    "load_agent",
+    "save_agent",
+]
+
+NEWLINE = "⏎"  # newlines are a token of their own: grids are read row by row
+SPECIAL_TOKENS = {
+    "pad_token": "<pad>",
+    "bos_token": "<bos>",
+    "eos_token": "<eos>",
+    "unk_token": "<unk>",
+}
+TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
+
+
+class ModelLoadError(RuntimeError):
+    """A model folder is missing, incomplete or not a causal language model."""
+
+
+def build_tokenizer(extra_words: list[str] | None = None):
+    """A word-level ``PreTrainedTokenizerFast`` over the text envs' vocabulary.
+
+    Words are split on whitespace; tags (``<think>`` …) are matched anywhere, so
+    ``<answer>Up</answer>`` is three tokens. Newlines become the token ``⏎``. The vocabulary
+    is sorted, so the same envs always give the same ids.
+
+    Args:
+        extra_words: more words to include (e.g. a custom env's vocabulary).
+    """
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tokenergy.envs import TEXT_ENVS
+
+    words: set[str] = {NEWLINE, ".", ":", "||", *(str(d) for d in range(10))}
+    for name in TEXT_ENVS:
+        cls = type(TEXT_ENVS.get(name)())
+        words.update(cls.vocabulary())
+    words.update(extra_words or [])
+    specials = [*SPECIAL_TOKENS.values(), *TAG_TOKENS]
+    vocab = {tok: i for i, tok in enumerate([*specials, *sorted(words - set(specials))])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Replace("\n", f" {NEWLINE} ")
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
+    fast.add_special_tokens({"additional_special_tokens": TAG_TOKENS})
+    return fast
+
+
+# name -> (hidden, layers, heads, intermediate); parameter counts are for the default vocab
+MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
+    "tiny": (64, 2, 4, 192),  # ~0.1M
+    "small": (128, 4, 4, 384),  # ~0.9M
+    "base": (256, 6, 8, 768),  # ~5M
+}
+
+
+def _config(arch: str, size: str, vocab_size: int, tokenizer, max_positions: int):
+    from transformers import GPT2Config, LlamaConfig
+
+    if size not in MODEL_SIZES:
+        raise ValueError(f"model size {size!r}: choose from {', '.join(MODEL_SIZES)}")
+    hidden, layers, heads, inter = MODEL_SIZES[size]
+    ids = {
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    if arch == "llama":
+        return LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=hidden,
+            intermediate_size=inter,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=heads,
+            max_position_embeddings=max_positions,
+            tie_word_embeddings=True,
+            **ids,
+        )
+    if arch == "gpt2":
+        return GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=hidden,
+            n_layer=layers,
+            n_head=heads,
+            n_inner=inter,
+            n_positions=max_positions,
+            resid_pdrop=0.0,  # no dropout: PPO ratios need train == eval forward passes
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            **ids,
+        )
+    raise ValueError(f"model arch {arch!r}: choose llama or gpt2")
+
+
+class ValueHead(nn.Module):
+    """``V(h) = w2 · tanh(W1 h + b1) + b2``; the output layer starts at zero so V = 0 at init."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(hidden, hidden), nn.Tanh(), nn.Linear(hidden, 1))
+        nn.init.zeros_(self.net[2].weight)
+        nn.init.zeros_(self.net[2].bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:  # (B, T, H) -> (B, T)
+        return self.net(hidden).squeeze(-1)
+
+
+@dataclass
+class AgentOutput:
+    logits: torch.Tensor  # (B, T, V): logits[:, t] predicts token t + 1
+    values: torch.Tensor  # (B, T): V of the state after reading tokens[: t + 1]
+
+
+class AgentModel(nn.Module):
+    """A causal LM policy with a value head on its last hidden state."""
+
+    def __init__(self, policy: nn.Module, tokenizer) -> None:
+        super().__init__()
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.value_head = ValueHead(policy.config.hidden_size)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        with_values: bool = True,
+    ) -> AgentOutput:
+        out = self.policy(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            output_hidden_states=with_values,
+            use_cache=False,
+        )
+        values = (
+            self.value_head(out.hidden_states[-1])
+            if with_values
+            else out.logits.new_zeros(out.logits.shape[:2])
+        )
+        return AgentOutput(out.logits, values)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.parameters()).device
+
+
+def build_agent(
+    size: str = "tiny",
+    arch: str = "llama",
+    tokenizer=None,
+    max_positions: int = 2048,
+    seed: int = 0,
+) -> AgentModel:
+    """A randomly initialised agent of a named size (``tiny``, ``small``, ``base``)."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = tokenizer or build_tokenizer()
+    cfg = _config(arch, size, len(tokenizer), tokenizer, max_positions)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        policy = AutoModelForCausalLM.from_config(cfg)
+        agent = AgentModel(policy, tokenizer)
+    return agent
+
+
+def save_agent(agent: AgentModel, folder: str | Path) -> Path:
+    """Write ``policy/`` (model + tokenizer) and ``value_head.safetensors`` under ``folder``."""
+    folder = Path(folder)
+    (folder / "policy").mkdir(parents=True, exist_ok=True)
+    agent.policy.save_pretrained(folder / "policy")
+    agent.tokenizer.save_pretrained(folder / "policy")
+    state = {k: v.detach().cpu().contiguous() for k, v in agent.value_head.state_dict().items()}
+    save_file(state, str(folder / "value_head.safetensors"))
+    return folder
+
+
+def load_agent(folder: str | Path, dtype: torch.dtype = torch.float32) -> AgentModel:
+    """Load an agent saved by :func:`save_agent`, or any local Hugging Face causal-LM folder.
+
+    Raises:
+        ModelLoadError: the folder is missing, has no ``config.json`` of a causal LM, or no
+            tokenizer — the message names the path.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = Path(folder)
+    policy_dir = folder / "policy" if (folder / "policy" / "config.json").is_file() else folder
+    if not (policy_dir / "config.json").is_file():
+        raise ModelLoadError(f"model folder {str(folder)!r} has no config.json: not a model folder")
+    try:
+        arch = json.loads((policy_dir / "config.json").read_text()).get("architectures") or []
+    except json.JSONDecodeError as err:
+        raise ModelLoadError(f"{str(policy_dir / 'config.json')!r} is not valid JSON: {err}") from None
+    if arch and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in arch):
+        raise ModelLoadError(
+            f"model folder {str(policy_dir)!r} holds a {arch[0]}, not a causal language model"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+        policy = AutoModelForCausalLM.from_pretrained(policy_dir, dtype=dtype)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"cannot load a causal LM from {str(policy_dir)!r}: {err}") from None
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    agent = AgentModel(policy, tokenizer)
+    head = folder / "value_head.safetensors"
+    if head.is_file():
+        agent.value_head.load_state_dict(load_file(str(head)))
+    return agent.to(dtype)

@@ -1,0 +1,422 @@
+"""Multi-turn rollouts of a language-model agent in text environments.
+
+Each trajectory is one token sequence::
+
+    <bos> obs_0 ⏎ <think> … </think> <answer> … </answer> obs_1 ⏎ <think> … obs_K ⏎
+
+with a ``roles [B, T]`` tensor of :class:`~tokenergy.types.Role` (observation text is
+``OBSERVATION`` and never trained), a loss mask over the tokens the agent wrote, and each turn's
+reward on the last token of that turn. The final observation is kept so the value of the state
+after the last turn can bootstrap a truncated episode.
+
+Generation is batched over the active environments, one turn at a time: the whole context is
+prefilled, then tokens are sampled one by one with a KV cache until every sequence has closed
+its ``</answer>`` (or written ``<eos>``, or hit the per-turn cap). Log-probs, values and
+reference log-probs are *not* taken during sampling: :func:`score` recomputes them in one
+full forward pass, so old and new log-probs come from the same computation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tokenergy.envs.text import TextEnv
+from tokenergy.types import Role
+
+__all__ = [
+    "Episode",
+    "Scored",
+    "Trajectories",
+    "assign_roles",
+    "collate",
+    "encode_observation",
+    "generate_turns",
+    "rollout",
+    "sample_next",
+    "score",
+    "token_logprobs",
+]
+
+
+@dataclass
+class Episode:
+    """One finished episode as token ids with roles and per-token rewards (no tensors yet)."""
+
+    tokens: list[int] = field(default_factory=list)
+    roles: list[int] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    turn_texts: list[str] = field(default_factory=list)
+    episode_return: float = 0.0
+    success: bool = False
+    terminated: bool = False
+    truncated: bool = False
+    turns: int = 0
+    invalid_turns: int = 0
+    seed: int = 0
+    group: int = 0
+
+    def extend(self, ids: Sequence[int], roles: Sequence[int]) -> None:
+        self.tokens.extend(ids)
+        self.roles.extend(roles)
+        self.rewards.extend([0.0] * len(ids))
+
+
+@dataclass
+class Trajectories:
+    """A right-padded batch of episodes. Position 0 is ``<bos>`` and is never trained.
+
+    Fields are ``[B, T]`` unless noted.
+    """
+
+    tokens: torch.Tensor  # (B, T) int64
+    roles: torch.Tensor  # (B, T) int64 Role values; padding is OBSERVATION
+    attention_mask: torch.Tensor  # (B, T) bool: real tokens
+    mask: torch.Tensor  # (B, T) bool: tokens the agent wrote (trained)
+    rewards: torch.Tensor  # (B, T) float: each turn's reward on its last token
+    terminated: torch.Tensor  # (B,) bool
+    truncated: torch.Tensor  # (B,) bool
+    last_index: torch.Tensor  # (B,) int64 index of the last real token
+    episode_return: torch.Tensor  # (B,) float
+    success: torch.Tensor  # (B,) bool
+    turns: torch.Tensor  # (B,) int64
+    invalid_turns: torch.Tensor  # (B,) int64
+    groups: torch.Tensor  # (B,) int64: episodes from the same env seed share a group
+    episodes: list[Episode]
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    def to(self, device: torch.device | str) -> Trajectories:
+        out = {}
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            out[name] = v.to(device) if isinstance(v, torch.Tensor) else v
+        return Trajectories(**out)
+
+    def select(self, idx: torch.Tensor) -> Trajectories:
+        """The sub-batch of rows ``idx`` (``[b]`` int64)."""
+        out = {}
+        for name in self.__dataclass_fields__:
+            v = getattr(self, name)
+            if isinstance(v, torch.Tensor):
+                out[name] = v[idx.to(v.device)]
+            else:
+                out[name] = [v[i] for i in idx.tolist()]
+        return Trajectories(**out)
+
+
+def collate(episodes: list[Episode], pad_id: int) -> Trajectories:
+    """Right-pad a list of episodes into a :class:`Trajectories` batch."""
+    B = len(episodes)
+    T = max(len(e.tokens) for e in episodes)
+    tokens = torch.full((B, T), pad_id, dtype=torch.long)
+    roles = torch.full((B, T), int(Role.OBSERVATION), dtype=torch.long)
+    attn = torch.zeros(B, T, dtype=torch.bool)
+    rewards = torch.zeros(B, T)
+    for i, e in enumerate(episodes):
+        n = len(e.tokens)
+        tokens[i, :n] = torch.tensor(e.tokens)
+        roles[i, :n] = torch.tensor(e.roles)
+        attn[i, :n] = True
+        rewards[i, :n] = torch.tensor(e.rewards)
+    mask = attn & (roles != int(Role.OBSERVATION))
+    mask[:, 0] = False
+
+    def col(f: Callable[[Episode], Any], dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor([f(e) for e in episodes], dtype=dtype)
+
+    return Trajectories(
+        tokens=tokens,
+        roles=roles,
+        attention_mask=attn,
+        mask=mask,
+        rewards=rewards,
+        terminated=col(lambda e: e.terminated, torch.bool),
+        truncated=col(lambda e: e.truncated, torch.bool),
+        last_index=col(lambda e: len(e.tokens) - 1, torch.long),
+        episode_return=col(lambda e: e.episode_return, torch.float32),
+        success=col(lambda e: e.success, torch.bool),
+        turns=col(lambda e: e.turns, torch.long),
+        invalid_turns=col(lambda e: e.invalid_turns, torch.long),
+        groups=col(lambda e: e.group, torch.long),
+        episodes=episodes,
+    )
+
+
+# --------------------------------------------------------------------------- token helpers
+
+
+def encode_observation(tokenizer, text: str) -> list[int]:
+    """Observation text → ids, closed by a newline token so the agent knows its turn starts."""
+    return tokenizer(text + "\n", add_special_tokens=False).input_ids
+
+
+def assign_roles(ids: Sequence[int], tag_ids: dict[str, int]) -> list[int]:
+    """Roles of the tokens of one agent turn, by reading its tags left to right.
+
+    Tags, ``<eos>`` and ``<pad>`` are ``FORMAT``; tokens inside ``<answer>…</answer>`` are
+    ``ACTION``; every other token the agent wrote (inside ``<think>`` or stray) is ``REASONING``.
+    """
+    roles, inside_answer = [], False
+    fmt = {tag_ids[k] for k in ("<think>", "</think>", "<answer>", "</answer>", "eos", "pad")}
+    for t in ids:
+        if t in fmt:
+            roles.append(int(Role.FORMAT))
+            if t == tag_ids["<answer>"]:
+                inside_answer = True
+            elif t in (tag_ids["</answer>"], tag_ids["</think>"], tag_ids["<think>"]):
+                inside_answer = False
+        else:
+            roles.append(int(Role.ACTION if inside_answer else Role.REASONING))
+    return roles
+
+
+def tag_ids_of(tokenizer) -> dict[str, int]:
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<think>", "</think>", "<answer>", "</answer>")}
+    ids["eos"] = tokenizer.eos_token_id
+    ids["pad"] = tokenizer.pad_token_id
+    return ids
+
+
+def sample_next(
+    logits: torch.Tensor, temperature: float, top_p: float, generator: torch.Generator | None
+) -> torch.Tensor:
+    """Sample one token per row from ``[B, V]`` logits; ``temperature == 0`` is greedy.
+
+    Top-p keeps the smallest set of tokens whose probability reaches ``top_p`` (the most
+    likely token always stays).
+    """
+    if temperature == 0.0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p >= top_p
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
+
+
+@torch.no_grad()
+def generate_turns(
+    policy: torch.nn.Module,
+    contexts: list[list[int]],
+    stop_ids: set[int],
+    pad_id: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    generator: torch.Generator | None,
+) -> list[list[int]]:
+    """Continue each context until a stop token (included) or ``max_new_tokens``.
+
+    Contexts are left-padded into one batch; positions count real tokens only, so padding
+    changes nothing. Returns the new tokens of each row.
+    """
+    device = next(policy.parameters()).device
+    B = len(contexts)
+    L = max(len(c) for c in contexts)
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attn = torch.zeros(B, L, dtype=torch.long)
+    for i, c in enumerate(contexts):
+        input_ids[i, L - len(c) :] = torch.tensor(c)
+        attn[i, L - len(c) :] = 1
+    input_ids, attn = input_ids.to(device), attn.to(device)
+    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    out = policy(
+        input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=True
+    )
+    cache = out.cache
+    logits = out.logits[:, -1]
+    next_pos = position_ids[:, -1] + 1
+    new: list[list[int]] = [[] for _ in range(B)]
+    done = torch.zeros(B, dtype=torch.bool)
+    stop = torch.tensor(sorted(stop_ids))
+    for _ in range(max_new_tokens):
+        tok = sample_next(logits, temperature, top_p, generator).cpu()
+        for i in range(B):
+            if not done[i]:
+                new[i].append(int(tok[i]))
+        done |= torch.isin(tok, stop)
+        if bool(done.all()):
+            break
+        attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], dim=1)
+        out = policy(
+            input_ids=tok[:, None].to(device),
+            attention_mask=attn,
+            position_ids=next_pos[:, None],
+            cache=cache,
+            use_cache=True,
+        )
+        cache, logits = out.cache, out.logits[:, -1]
+        next_pos = next_pos + 1
+    return new
+
+
+@torch.no_grad()
+def rollout(
+    policy: torch.nn.Module,
+    tokenizer,
+    envs: list[TextEnv],
+    seeds: list[int],
+    *,
+    groups: list[int] | None = None,
+    max_turns: int = 10,
+    max_turn_tokens: int = 48,
+    max_tokens: int = 1024,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    turn_fn: Callable[[TextEnv], str] | None = None,
+) -> list[Episode]:
+    """Play one episode in each env (reset with ``seeds``), all turns batched over envs.
+
+    Args:
+        policy: a causal LM (the ``policy`` of an :class:`~tokenergy.models.AgentModel`).
+        envs: one env per episode.
+        seeds: reset seed of each env.
+        groups: group id of each episode (GRPO); defaults to its index.
+        max_turns: turns before the episode is truncated.
+        max_turn_tokens: tokens the agent may write in one turn.
+        max_tokens: total sequence length; an episode that would pass it is truncated.
+        temperature, top_p: sampling; ``temperature = 0`` is greedy.
+        generator: CPU generator for sampling.
+        turn_fn: write each turn with this function of the env instead of the policy (the
+            scripted solver, for SFT data); the text goes through the tokenizer.
+
+    Returns:
+        One :class:`Episode` per env.
+    """
+    tag = tag_ids_of(tokenizer)
+    stop_ids = {tag["</answer>"], tag["eos"]}
+    episodes = [
+        Episode(seed=s, group=(groups[i] if groups is not None else i)) for i, s in enumerate(seeds)
+    ]
+    for env, ep, seed in zip(envs, episodes, seeds, strict=True):
+        obs, _ = env.reset(seed=seed)
+        ep.extend([tokenizer.bos_token_id], [int(Role.OBSERVATION)])
+        ids = encode_observation(tokenizer, obs)
+        ep.extend(ids, [int(Role.OBSERVATION)] * len(ids))
+    active = list(range(len(envs)))
+    for _turn in range(max_turns):
+        if not active:
+            break
+        if turn_fn is not None:
+            turns = [
+                tokenizer(turn_fn(envs[i]), add_special_tokens=False).input_ids for i in active
+            ]
+        else:
+            turns = generate_turns(
+                policy,
+                [episodes[i].tokens for i in active],
+                stop_ids,
+                tokenizer.pad_token_id,
+                max_turn_tokens,
+                temperature,
+                top_p,
+                generator,
+            )
+        still = []
+        for i, ids in zip(active, turns, strict=True):
+            ep, env = episodes[i], envs[i]
+            text = tokenizer.decode(ids, skip_special_tokens=False)
+            ep.extend(ids, assign_roles(ids, tag))
+            ep.turn_texts.append(text)
+            obs, reward, terminated, truncated, info = env.step(text)
+            ep.rewards[-1] += reward
+            ep.episode_return += reward
+            ep.turns += 1
+            ep.invalid_turns += int(info.get("invalid", False))
+            obs_ids = encode_observation(tokenizer, obs)
+            ep.extend(obs_ids, [int(Role.OBSERVATION)] * len(obs_ids))
+            over_budget = len(ep.tokens) + max_turn_tokens + len(obs_ids) > max_tokens
+            if terminated or truncated or over_budget or ep.turns >= max_turns:
+                ep.terminated = terminated
+                ep.truncated = not terminated
+                ep.success = bool(info.get("success", env.solved()))
+            else:
+                still.append(i)
+        active = still
+    return episodes
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """Log-prob of each token under the logits of the position before it.
+
+    Args:
+        logits: ``[B, T, V]`` where ``logits[:, t]`` predicts token ``t + 1``.
+        tokens: ``[B, T]``.
+
+    Returns:
+        ``[B, T]``; position 0 (nothing predicts it) is 0.
+    """
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    out = logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+    return torch.cat([out.new_zeros(out.shape[0], 1), out], dim=1)
+
+
+@dataclass
+class Scored:
+    """What the update needs besides the trajectories, computed without gradient.
+
+    ``values[:, t]`` is the value of the state in which token ``t`` was chosen
+    (``V(tokens[:t])``), aligned with ``logprobs[:, t]``.
+    """
+
+    logprobs: torch.Tensor  # (B, T)
+    ref_logprobs: torch.Tensor  # (B, T); equals logprobs when there is no reference
+    values: torch.Tensor  # (B, T)
+    bootstrap: torch.Tensor  # (B,) value after the last real token (the final observation)
+    entropy: torch.Tensor  # (B, T) policy entropy at each token's position
+    logits: torch.Tensor | None = None  # (B, T, V) shifted like logprobs, when kept
+
+
+@torch.no_grad()
+def score(
+    agent: torch.nn.Module,
+    ref: torch.nn.Module | None,
+    traj: Trajectories,
+    batch_size: int = 16,
+    keep_logits: bool = False,
+) -> Scored:
+    """One full forward pass (in chunks of ``batch_size`` rows) of the agent and the reference."""
+    device = agent.device
+    parts: dict[str, list[torch.Tensor]] = {
+        k: [] for k in ("logprobs", "ref", "values", "boot", "entropy", "logits")
+    }
+    for start in range(0, traj.batch_size, batch_size):
+        rows = slice(start, start + batch_size)
+        tokens = traj.tokens[rows].to(device)
+        attn = traj.attention_mask[rows].to(device)
+        out = agent(tokens, attn)
+        parts["logprobs"].append(token_logprobs(out.logits, tokens).cpu())
+        logp = torch.log_softmax(out.logits.float(), dim=-1)
+        ent = -(logp.exp() * logp).sum(-1)  # (b, T) at the predicting position
+        parts["entropy"].append(torch.cat([ent.new_zeros(ent.shape[0], 1), ent[:, :-1]], 1).cpu())
+        v = out.values.float()
+        parts["values"].append(torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], 1).cpu())
+        last = traj.last_index[rows].to(device)
+        parts["boot"].append(v.gather(1, last[:, None]).squeeze(1).cpu())
+        if keep_logits:
+            lg = out.logits.float()
+            parts["logits"].append(torch.cat([lg[:, :1] * 0, lg[:, :-1]], 1).cpu())
+        if ref is not None:
+            ref_logits = ref(input_ids=tokens, attention_mask=attn, use_cache=False).logits
+            parts["ref"].append(token_logprobs(ref_logits, tokens).cpu())
+    logprobs = torch.cat(parts["logprobs"])
+    return Scored(
+        logprobs=logprobs,
+        ref_logprobs=torch.cat(parts["ref"]) if ref is not None else logprobs.clone(),
+        values=torch.cat(parts["values"]),
+        bootstrap=torch.cat(parts["boot"]),
+        entropy=torch.cat(parts["entropy"]),
+        logits=torch.cat(parts["logits"]) if keep_logits else None,
+    )
