@@ -26,7 +26,9 @@ def run(*args, cwd=None):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
-@pytest.mark.parametrize("cmd", [[], ["train"], ["ablate"], ["report"], ["config"]])
+@pytest.mark.parametrize(
+    "cmd", [[], ["train"], ["ablate"], ["report"], ["config"], ["eval"], ["play"]]
+)
 def test_help(cmd):
     res = run(*cmd, "--help")
     assert res.returncode == 0, res.stderr
@@ -112,3 +114,83 @@ def test_ablate_then_report(tmp_path):
     html = (out / "report" / "report.html").read_text()
     assert "data:image/png;base64," in html
     assert "report.html" in res.stdout
+
+
+LM_TINY = [
+    "--model.size",
+    "tiny",
+    "--sft.episodes",
+    "16",
+    "--sft.epochs",
+    "1",
+    "--sft.batch-size",
+    "8",
+    "--rollout.episodes",
+    "8",
+    "--algo.iterations",
+    "2",
+    "--algo.minibatches",
+    "2",
+    "--env.max-turns",
+    "3",
+    "--eval.episodes",
+    "8",
+    "--log.tensorboard",
+    "false",
+]
+
+
+def test_lm_train_then_eval_end_to_end(tmp_path):
+    out = tmp_path / "lm"
+    res = run(
+        "train", "configs/sokoban-grpo.yaml", "--out", str(out), *LM_TINY, "--log.progress", "false"
+    )
+    assert res.returncode == 0, res.stderr
+    assert "held-out success" in res.stdout
+    cfg = yaml.safe_load((out / "config.yaml").read_text())
+    assert cfg["kind"] == "lm" and cfg["algo"]["name"] == "grpo" and cfg["model"]["size"] == "tiny"
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["train/iteration"] for r in rows if "train/iteration" in r] == [0, 1, 2]
+    res = run("eval", str(out), "--episodes", "4")
+    assert res.returncode == 0, res.stderr
+    result = json.loads((out / "eval.json").read_text())
+    assert 0.0 <= result["eval/success"] <= 1.0 and result["eval/turns"] >= 1
+
+
+def test_lm_errors_are_one_line(tmp_path):
+    res = run("train", "configs/sokoban-grpo.yaml", "--rollout.group-size", "1")
+    assert res.returncode == 2 and "rollout.group_size: GRPO needs at least 2" in res.stderr
+    assert "Traceback" not in res.stderr
+    res = run(
+        "train",
+        "configs/sokoban-ppo.yaml",
+        "--model.path",
+        str(tmp_path),
+        *LM_TINY,
+        "--out",
+        str(tmp_path / "x"),
+    )
+    assert res.returncode == 2 and "no config.json" in res.stderr and str(tmp_path) in res.stderr
+    res = run("eval", str(tmp_path))
+    assert res.returncode == 2 and "config.yaml" in res.stderr
+
+
+def test_play_in_the_terminal():
+    script = "bogus\nsolver\nRight\nquit\n"
+    res = subprocess.run(
+        [*CLI, "play", "frozenlake", "--seed", "0", "--map-size", "4"],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "(invalid)" in res.stdout and "<answer>" in res.stdout
+    res = subprocess.run(
+        [*CLI, "play", "sokoban", "--level", '["#######", "#P_X_O#", "#######"]'],
+        input="Right\nRight\nRight\n",
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert res.returncode == 0 and "solved after 3 moves" in res.stdout, res.stdout + res.stderr

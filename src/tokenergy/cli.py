@@ -18,6 +18,7 @@ from rich.table import Table
 
 from tokenergy.config import (
     ConfigError,
+    LMRunConfig,
     RunConfig,
     config_to_dict,
     load_config,
@@ -47,13 +48,23 @@ def _root(
     _state["debug"] = debug
 
 
-def _load(config: Path | None, extra: list[str], **direct: object) -> RunConfig:
+def _load(config: Path | None, extra: list[str], **direct: object) -> RunConfig | LMRunConfig:
     if config is not None and str(config).startswith("--"):
         # No preset given: click took the first override's name for the CONFIG argument.
         extra, config = [str(config), *extra], None
     overrides = parse_override_args(extra)
+    if "env.id" in direct and _preset_kind(config) == "lm":
+        direct["env.name"] = direct.pop("env.id")  # --env names a text env in an lm preset
     overrides.update({k: v for k, v in direct.items() if v is not None})
     return load_config(config, overrides)
+
+
+def _preset_kind(config: Path | None) -> str:
+    try:
+        data = yaml.safe_load(Path(config).read_text()) if config is not None else {}
+    except (OSError, yaml.YAMLError):
+        return "vector"  # load_config reports the problem with the file
+    return (data or {}).get("kind", "vector") if isinstance(data, dict) else "vector"
 
 
 @app.command(context_settings=_OVERRIDES)
@@ -64,7 +75,9 @@ def train(
     ),
     out: Path | None = typer.Option(None, "--out", help="Run folder (default runs/<name>)."),
     env: str | None = typer.Option(
-        None, "--env", help="Gymnasium env id, e.g. CartPole-v1 (sets env.id)."
+        None,
+        "--env",
+        help="Gymnasium env id, e.g. CartPole-v1 (sets env.id); in an lm preset the text env (env.name).",
     ),
     seed: int | None = typer.Option(None, "--seed", help="Run seed (sets seed)."),
     device: str | None = typer.Option(
@@ -79,6 +92,13 @@ def train(
     cfg = _load(config, ctx.args, **{"env.id": env, "seed": seed, "device": device})
     out = out or Path("runs") / cfg.name
     result = run_training(cfg, out, overwrite=overwrite, console=console)
+    if cfg.kind == "lm":
+        first, last_ev = result.evals[0], result.evals[-1]
+        console.print(
+            f"done: {cfg.algo.iterations} iterations; held-out success "
+            f"{first['eval/success']:.2f} after SFT -> {last_ev['eval/success']:.2f}  ->  {out}"
+        )
+        return
     last = result.history[-1]
     console.print(
         f"done: {last['train/global_step']:,} steps, return {final_value(result.history, 'rollout/return'):+.3f}"
@@ -145,6 +165,90 @@ def _print_report(root: Path, result: tuple[Path, str]) -> None:
         table.add_row(*[c.strip() for c in ln.strip("|").split("|")])
     console.print(table)
     console.print(f"report: {folder / 'report.html'} (also report.md, curves.png)")
+
+
+@app.command("eval")
+def eval_cmd(
+    run_dir: Path = typer.Argument(..., help="A language-model agent's run folder."),
+    episodes: int | None = typer.Option(
+        None, "--episodes", min=1, help="Held-out episodes (default from the config)."
+    ),
+    temperature: float | None = typer.Option(
+        None, "--temperature", min=0.0, help="Sampling temperature; 0 is greedy (default)."
+    ),
+    seed_offset: int | None = typer.Option(
+        None, "--seed-offset", min=0, help="First held-out env seed (default from the config)."
+    ),
+    device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto."),
+) -> None:
+    """Success rate, invalid-action rate, mean turns and tokens of a trained agent on held-out seeds."""
+    import json
+
+    from tokenergy.algos.lm import evaluate
+    from tokenergy.algos.ppo import resolve_device
+    from tokenergy.models import load_agent
+
+    cfg = load_config(run_dir / "config.yaml")
+    if cfg.kind != "lm":
+        raise ValueError(
+            f"{str(run_dir)!r} is a {cfg.kind!r} run; eval is for language-model agents"
+        )
+    agent_dir = run_dir / "agent"
+    if not agent_dir.is_dir():
+        raise RunDirError(f"{str(agent_dir)!r} not found: the run has not finished")
+    agent = load_agent(agent_dir).to(resolve_device(device or cfg.device))
+    result = evaluate(agent, cfg, episodes, temperature, seed_offset)
+    table = Table(title=f"{run_dir}  ({cfg.env.name}, {episodes or cfg.eval.episodes} episodes)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in result.items():
+        table.add_row(k, f"{v:.3f}")
+    console.print(table)
+    (run_dir / "eval.json").write_text(json.dumps(result, indent=2))
+
+
+@app.command(context_settings=_OVERRIDES)
+def play(
+    ctx: typer.Context,
+    env: str = typer.Argument(..., help="Text env name: frozenlake, sokoban, sudoku4."),
+    seed: int = typer.Option(0, "--seed", help="Level seed."),
+) -> None:
+    """Play a text env in the terminal. Type a move (e.g. Up), 'solver' for a hint, 'quit' to stop.
+
+    Extra --key VALUE options are the env's arguments (--is-slippery true, --size 7).
+    """
+    from tokenergy.envs import make
+    from tokenergy.envs.text import extract_answer
+
+    kwargs = {k.replace("-", "_"): v for k, v in parse_override_args(ctx.args).items()}
+    try:
+        game = make(env, **kwargs)
+    except TypeError as err:
+        raise ValueError(f"{env}: {err}") from None
+    obs, _ = game.reset(seed=seed)
+    console.print(game.instructions, markup=False)
+    total = 0.0
+    while True:
+        console.print(obs, markup=False)
+        try:
+            line = input("> ").strip()
+        except EOFError:
+            break
+        if line in ("quit", "exit", "q"):
+            break
+        if line == "solver":
+            console.print(game.solver_turn(), markup=False)
+            continue
+        text = line if extract_answer(line) is not None else f"<answer> {line} </answer>"
+        obs, reward, terminated, truncated, info = game.step(text)
+        total += reward
+        note = "  (invalid)" if info.get("invalid") else ""
+        console.print(f"reward {reward:+.2f}, total {total:+.2f}{note}", markup=False)
+        if terminated or truncated:
+            console.print(obs, markup=False)
+            verdict = "solved" if info.get("success") else "episode over"
+            console.print(f"{verdict} after {game.steps} moves, return {total:+.2f}")
+            break
 
 
 @app.command("config", context_settings=_OVERRIDES)

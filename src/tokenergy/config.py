@@ -22,19 +22,19 @@ __all__ = [
     "CONFIG_KINDS",
     "AblationConfig",
     "AlgoConfig",
-    "EvalConfig",
-    "LMModelConfig",
-    "LMRunConfig",
-    "RolloutConfig",
-    "SFTConfig",
-    "TextEnvConfig",
     "ConfigError",
     "EnergyConfig",
     "EnvConfig",
+    "EvalConfig",
+    "LMModelConfig",
+    "LMRunConfig",
     "LogConfig",
     "ModelConfig",
     "PPOConfig",
+    "RolloutConfig",
     "RunConfig",
+    "SFTConfig",
+    "TextEnvConfig",
     "apply_overrides",
     "config_class",
     "config_from_dict",
@@ -439,7 +439,11 @@ class AlgoConfig:
             _in_range(self.value_clip, "value_clip", 0.0, None, lo_open=True)
         _in_range(self.ent_coef, "ent_coef", 0.0, None)
         _in_range(self.kl_coef, "kl_coef", 0.0, None)
-        _check(self.kl_kind in ("k1", "k2", "k3"), "kl_kind", f"must be k1, k2 or k3, got {self.kl_kind!r}")
+        _check(
+            self.kl_kind in ("k1", "k2", "k3"),
+            "kl_kind",
+            f"must be k1, k2 or k3, got {self.kl_kind!r}",
+        )
         _check(
             self.kl_in in ("reward", "loss"), "kl_in", f"must be reward or loss, got {self.kl_in!r}"
         )

@@ -48,28 +48,41 @@ def _progress_bar(console: Console | None = None) -> Progress:
 
 def _status(row: dict[str, float]) -> str:
     parts = []
+    if "eval/success" in row:
+        parts.append(f"eval success {row['eval/success']:.2f}")
     if "rollout/return" in row:
         parts.append(f"return {row['rollout/return']:+.3f}")
     if "rollout/success" in row:
         parts.append(f"success {row['rollout/success']:.2f}")
-    parts.append(f"{row.get('perf/sps', 0):,.0f} sps")
+    if "perf/sps" in row:
+        parts.append(f"{row['perf/sps']:,.0f} sps")
     return "  ".join(parts)
+
+
+def _trainer(cfg: Any) -> tuple[Any, int]:
+    """The training function for a config's kind, and its number of progress steps."""
+    if getattr(cfg, "kind", "vector") == "lm":
+        from tokenergy.algos.lm import train_lm
+
+        return train_lm, cfg.algo.iterations + 1
+    return train_ppo, cfg.num_iterations
 
 
 def run_training(
     cfg: RunConfig, out: str | Path, overwrite: bool = False, console: Console | None = None
 ):
     """Train one run into ``out``, with a progress bar when ``cfg.log.progress`` is on."""
+    train, total = _trainer(cfg)
     with Run(out, cfg, overwrite=overwrite) as run:
         if not cfg.log.progress:
-            return train_ppo(cfg, run)
+            return train(cfg, run)
         with _progress_bar(console) as bar:
-            task = bar.add_task(cfg.name, total=cfg.num_iterations, status="")
+            task = bar.add_task(cfg.name, total=total, status="")
 
             def progress(it: int, n: int, step: int, row: dict[str, float]) -> None:
                 bar.update(task, completed=it, status=_status(row))
 
-            return train_ppo(cfg, run, progress)
+            return train(cfg, run, progress)
 
 
 @dataclass(frozen=True)
@@ -90,6 +103,8 @@ def plan_ablation(base: RunConfig, seeds: int, out: str | Path) -> list[RunSpec]
     """Every (variant, seed) run, configs resolved and validated before anything starts."""
     if seeds < 1:
         raise ValueError(f"--seeds must be at least 1, got {seeds}")
+    if not hasattr(base, "ablation"):
+        raise ValueError(f"ablate: a {base.kind!r} config has no ablation section yet")
     specs = []
     for variant, overrides in base.ablation.variants.items():
         for k in range(seeds):
@@ -112,8 +127,9 @@ def _worker(spec: RunSpec, q: Any) -> str:
     def progress(it: int, n: int, step: int, row: dict[str, float]) -> None:
         q.put((spec.label, it, n, _status(row)))
 
+    train, _ = _trainer(spec.cfg)
     with Run(spec.out, spec.cfg) as run:
-        train_ppo(spec.cfg, run, progress)
+        train(spec.cfg, run, progress)
     return spec.label
 
 
@@ -140,8 +156,7 @@ def run_ablation(
     )
     with _progress_bar(console) as bar:
         tasks = {
-            s.label: bar.add_task(s.label, total=s.cfg.num_iterations, status="queued")
-            for s in specs
+            s.label: bar.add_task(s.label, total=_trainer(s.cfg)[1], status="queued") for s in specs
         }
 
         def drain(q: Any) -> None:

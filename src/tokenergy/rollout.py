@@ -177,7 +177,10 @@ def assign_roles(ids: Sequence[int], tag_ids: dict[str, int]) -> list[int]:
 
 
 def tag_ids_of(tokenizer) -> dict[str, int]:
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in ("<think>", "</think>", "<answer>", "</answer>")}
+    ids = {
+        t: tokenizer.convert_tokens_to_ids(t)
+        for t in ("<think>", "</think>", "<answer>", "</answer>")
+    }
     ids["eos"] = tokenizer.eos_token_id
     ids["pad"] = tokenizer.pad_token_id
     return ids

@@ -97,7 +97,8 @@ class Run:
         ckpt_root.mkdir(exist_ok=True)
         final = ckpt_root / f"iter_{iteration:06d}"
         tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".tmp-"))
-        tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        # clone: tied weights (embeddings = LM head) share memory, which safetensors refuses
+        tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
         save_file(tensors, str(tmp / "model.safetensors"))
         save_config(self.cfg, tmp / "config.yaml")
         _atomic_write_text(

@@ -97,9 +97,7 @@ def _reinforce_advantages(
 ) -> AdvantageResult:
     # Return-to-go over the agent's tokens is GAE with V = 0 and lambda = 1, no bootstrap.
     zeros = torch.zeros_like(rewards)
-    to_go, _ = token_gae(
-        rewards, zeros, traj.mask, traj.terminated, zeros[:, 0], cfg.gamma, 1.0
-    )
+    to_go, _ = token_gae(rewards, zeros, traj.mask, traj.terminated, zeros[:, 0], cfg.gamma, 1.0)
     baseline = (rewards * traj.mask).sum(1).mean()
     return AdvantageResult((to_go - baseline) * traj.mask, None)
 
@@ -424,7 +422,9 @@ def train_lm(
             "perf/rollout_s": t_rollout,
             "perf/update_s": t_update,
             "perf/gen_tokens_per_s": trained_tokens / max(t_rollout, 1e-9),
-            "perf/update_tokens_per_s": a.epochs * int(traj.attention_mask.sum()) / max(t_update, 1e-9),
+            "perf/update_tokens_per_s": a.epochs
+            * int(traj.attention_mask.sum())
+            / max(t_update, 1e-9),
             "perf/elapsed_s": time.perf_counter() - t_start,
         }
         if trains_value:

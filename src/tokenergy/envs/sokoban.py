@@ -146,7 +146,9 @@ class SokobanText(TextEnv):
     def _generate(self) -> None:
         n = self.size
         while True:
-            walls = {(r, c) for r in range(n) for c in range(n) if r in (0, n - 1) or c in (0, n - 1)}
+            walls = {
+                (r, c) for r in range(n) for c in range(n) if r in (0, n - 1) or c in (0, n - 1)
+            }
             inner = [(r, c) for r in range(1, n - 1) for c in range(1, n - 1)]
             for i in self.rng.permutation(len(inner))[: int(self.rng.integers(0, 3))]:
                 walls.add(inner[i])  # a few inner wall blocks

@@ -223,7 +223,9 @@ def load_agent(folder: str | Path, dtype: torch.dtype = torch.float32) -> AgentM
     try:
         arch = json.loads((policy_dir / "config.json").read_text()).get("architectures") or []
     except json.JSONDecodeError as err:
-        raise ModelLoadError(f"{str(policy_dir / 'config.json')!r} is not valid JSON: {err}") from None
+        raise ModelLoadError(
+            f"{str(policy_dir / 'config.json')!r} is not valid JSON: {err}"
+        ) from None
     if arch and not any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in arch):
         raise ModelLoadError(
             f"model folder {str(policy_dir)!r} holds a {arch[0]}, not a causal language model"

@@ -1,0 +1,357 @@
+"""Language-model agents: tokenizer, models, save / load, rollouts, token-level GAE, gradient
+boundaries and the SFT / PPO / GRPO / REINFORCE trainer on tiny models."""
+
+import json
+
+import pytest
+import torch
+
+from tokenergy.advantages import gae, token_gae
+from tokenergy.algos.lm import sft, train_lm
+from tokenergy.config import ConfigError, config_from_dict
+from tokenergy.envs import make
+from tokenergy.losses import ppo_policy_loss
+from tokenergy.models import ModelLoadError, build_agent, build_tokenizer, load_agent, save_agent
+from tokenergy.rollout import (
+    assign_roles,
+    collate,
+    generate_turns,
+    rollout,
+    tag_ids_of,
+    token_logprobs,
+)
+from tokenergy.types import Role
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return build_tokenizer()
+
+
+def tiny_cfg(**over):
+    data = {
+        "kind": "lm",
+        "env": {"name": "frozenlake", "max_turns": 3},
+        "model": {"size": "tiny"},
+        "sft": {"episodes": 0},
+        "rollout": {"episodes": 4, "max_turn_tokens": 12},
+        "algo": {"name": "ppo", "iterations": 1, "minibatches": 2, "lr": 1e-2},
+        "eval": {"episodes": 4, "every": 1},
+        "log": {"tensorboard": False, "progress": False},
+    }
+    for dotted, value in over.items():
+        sec, key = dotted.split(".")
+        data[sec][key] = value
+    return config_from_dict(data)
+
+
+# --------------------------------------------------------------------------- tokenizer, models
+
+
+def test_tokenizer_covers_every_env_text(tok):
+    unk = tok.unk_token_id
+    for name in ("frozenlake", "sokoban", "sudoku4"):
+        env = make(name)
+        env.reset(seed=1)
+        for _ in range(3):
+            ids = tok(env.render() + "\n" + env.solver_turn(), add_special_tokens=False).input_ids
+            assert unk not in ids, tok.convert_ids_to_tokens(ids)
+            env.step(env.solver_turn())
+    ids = tok("<answer>Up</answer>", add_special_tokens=False).input_ids
+    assert tok.convert_ids_to_tokens(ids) == ["<answer>", "Up", "</answer>"]
+    assert build_tokenizer().get_vocab() == tok.get_vocab()  # deterministic ids
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_save_load_gives_identical_logits_and_values(tmp_path, tok, arch):
+    agent = build_agent("tiny", arch, tokenizer=tok, seed=3)
+    torch.nn.init.normal_(agent.value_head.net[2].weight)  # make the head non-trivial
+    x = torch.tensor([tok("<bos> P F ⏎ <think> i </think>").input_ids])
+    before = agent(x)
+    save_agent(agent, tmp_path / "a")
+    loaded = load_agent(tmp_path / "a")
+    after = loaded(x)
+    assert torch.equal(before.logits, after.logits) and torch.equal(before.values, after.values)
+    assert loaded.tokenizer.get_vocab() == tok.get_vocab()
+
+
+def test_named_sizes_and_zero_value_at_init(tok):
+    counts = {
+        s: sum(p.numel() for p in build_agent(s, tokenizer=tok).parameters())
+        for s in ("tiny", "small")
+    }
+    assert 5e4 < counts["tiny"] < 2e5 and 5e5 < counts["small"] < 1.5e6
+    agent = build_agent("tiny", tokenizer=tok)
+    assert agent(torch.tensor([[1, 2, 3]])).values.abs().max() == 0
+
+
+def test_loads_a_users_plain_causal_lm_folder(tmp_path, tok):
+    agent = build_agent("tiny", tokenizer=tok, seed=1)
+    agent.policy.save_pretrained(tmp_path / "hf")
+    tok.save_pretrained(tmp_path / "hf")
+    loaded = load_agent(tmp_path / "hf")
+    x = torch.tensor([[1, 5, 9, 12]])
+    assert torch.equal(loaded(x).logits, agent(x).logits)
+    assert loaded(x).values.abs().max() == 0  # a fresh value head
+
+
+def test_bad_model_folders_name_the_path(tmp_path):
+    with pytest.raises(ModelLoadError, match=r"no config\.json"):
+        load_agent(tmp_path / "nowhere")
+    (tmp_path / "enc").mkdir()
+    (tmp_path / "enc" / "config.json").write_text(json.dumps({"architectures": ["BertModel"]}))
+    with pytest.raises(ModelLoadError, match=r"enc.*not a causal language model"):
+        load_agent(tmp_path / "enc")
+
+
+# --------------------------------------------------------------------------- roles, rollouts
+
+
+def test_assign_roles_by_hand(tok):
+    text = "<think> plan : Up </think> <answer> Up </answer>"
+    ids = tok(text, add_special_tokens=False).input_ids
+    roles = assign_roles(ids, tag_ids_of(tok))
+    R, A, F = int(Role.REASONING), int(Role.ACTION), int(Role.FORMAT)
+    assert roles == [F, R, R, R, F, F, A, F]
+    stray = tok("Up <answer> Down Left", add_special_tokens=False).input_ids
+    assert assign_roles(stray, tag_ids_of(tok)) == [R, F, A, A]
+
+
+def test_solver_rollout_layout(tok):
+    envs = [make("sokoban") for _ in range(3)]
+    agent = build_agent("tiny", tokenizer=tok)
+    eps = rollout(
+        agent.policy, tok, envs, [0, 1, 2], max_turns=12, turn_fn=lambda e: e.solver_turn()
+    )
+    traj = collate(eps, tok.pad_token_id)
+    close = tok.convert_tokens_to_ids("</answer>")
+    for i, ep in enumerate(eps):
+        assert ep.success and ep.terminated and not ep.truncated
+        n = int(traj.last_index[i]) + 1
+        assert traj.tokens[i, 0] == tok.bos_token_id and not traj.mask[i, 0]
+        # every turn's reward sits on its closing tag, and they add up to the return
+        reward_pos = traj.rewards[i].nonzero().squeeze(-1)
+        assert (traj.tokens[i, reward_pos] == close).all()
+        assert float(traj.rewards[i].sum()) == pytest.approx(ep.episode_return, abs=1e-5)
+        assert len(reward_pos) == ep.turns
+        # observation tokens and padding are never trained; agent tokens always are
+        obs = traj.roles[i] == int(Role.OBSERVATION)
+        assert not (traj.mask[i] & obs).any()
+        assert (traj.mask[i, 1:n] == ~obs[1:n]).all() and not traj.mask[i, n:].any()
+        # the episode ends with the final observation (for bootstrapping)
+        assert traj.roles[i, n - 1] == int(Role.OBSERVATION)
+    # reasoning spans are several times longer than action spans
+    roles = traj.roles[traj.mask]
+    assert (roles == int(Role.REASONING)).sum() > 5 * (roles == int(Role.ACTION)).sum()
+
+
+def test_batched_cached_generation_equals_one_by_one(tok):
+    agent = build_agent("tiny", tokenizer=tok, seed=5)
+    contexts = [[1, 20, 21, 22, 23, 24, 25], [1, 30, 31], [1, 40, 41, 42, 43]]
+    stop = {tok.convert_tokens_to_ids("</answer>")}
+    batched = generate_turns(agent.policy, contexts, stop, tok.pad_token_id, 10, 0.0, 1.0, None)
+    for ctx, got in zip(contexts, batched, strict=True):
+        seq = list(ctx)
+        want = []
+        for _ in range(len(got)):  # greedy, whole-sequence forward, no cache, no padding
+            nxt = int(agent.policy(input_ids=torch.tensor([seq])).logits[0, -1].argmax())
+            want.append(nxt)
+            seq.append(nxt)
+        assert got == want
+
+
+def test_random_policy_rollout_never_crashes_and_respects_budgets(tok):
+    agent = build_agent("tiny", tokenizer=tok, seed=0)
+    envs = [make("sudoku4") for _ in range(6)]
+    eps = rollout(
+        agent.policy,
+        tok,
+        envs,
+        list(range(6)),
+        max_turns=3,
+        max_turn_tokens=8,
+        generator=torch.Generator().manual_seed(0),
+    )
+    for ep in eps:
+        assert 1 <= ep.turns <= 3 and ep.terminated != ep.truncated
+        assert all(len(t.split()) <= 8 for t in ep.turn_texts)
+
+
+# --------------------------------------------------------------------------- token GAE
+
+
+def test_token_gae_without_gaps_is_gae():
+    g = torch.Generator().manual_seed(0)
+    r, v = torch.randn(3, 6, generator=g), torch.randn(3, 6, generator=g)
+    mask = torch.ones(3, 6, dtype=torch.bool)
+    term = torch.tensor([True, False, True])
+    boot = torch.randn(3, generator=g)
+    adv, ret = token_gae(r, v, mask, term, boot, 0.9, 0.8)
+    nv = torch.cat([v[:, 1:], boot[:, None]], 1)
+    ends = torch.zeros(3, 6, dtype=torch.bool)
+    ends[:, -1] = True
+    t = torch.zeros(3, 6, dtype=torch.bool)
+    t[:, -1] = term
+    want, want_ret = gae(r, v, nv, t, ends, 0.9, 0.8)
+    assert torch.allclose(adv, want) and torch.allclose(ret, want_ret)
+
+
+def test_token_gae_skips_observation_tokens_by_hand():
+    # tokens: [obs, a0, a1, obs, obs, a2]; reward 1 on a1, 2 on a2; terminated.
+    mask = torch.tensor([[False, True, True, False, False, True]])
+    r = torch.tensor([[0.0, 0.0, 1.0, 5.0, 5.0, 2.0]])  # rewards on obs tokens are ignored
+    v = torch.tensor([[9.0, 0.5, 0.25, 9.0, 9.0, 1.0]])
+    adv, ret = token_gae(r, v, mask, torch.tensor([True]), torch.tensor([7.0]), 1.0, 1.0)
+    # lambda = 1, gamma = 1: A_t = (sum of rewards from t) - V_t over the agent tokens
+    assert adv.tolist() == [[0.0, 3.0 - 0.5, 3.0 - 0.25, 0.0, 0.0, 2.0 - 1.0]]
+    assert ret.tolist() == [[0.0, 3.0, 3.0, 0.0, 0.0, 2.0]]
+    # truncated: bootstrap from the value after the final observation
+    adv_t, _ = token_gae(r, v, mask, torch.tensor([False]), torch.tensor([7.0]), 1.0, 1.0)
+    assert adv_t[0, 5] == pytest.approx(2.0 + 7.0 - 1.0)
+
+
+# --------------------------------------------------------------------------- gradients, updates
+
+
+def test_observation_tokens_get_exactly_zero_gradient(tok):
+    agent = build_agent("tiny", tokenizer=tok, seed=0)
+    eps = rollout(
+        agent.policy,
+        tok,
+        [make("frozenlake") for _ in range(2)],
+        [0, 1],
+        max_turns=2,
+        turn_fn=lambda e: e.solver_turn(),
+    )
+    traj = collate(eps, tok.pad_token_id)
+    out = agent(traj.tokens, traj.attention_mask)
+    out.logits.retain_grad()
+    logp = token_logprobs(out.logits, traj.tokens)
+    adv = torch.randn(traj.tokens.shape)
+    loss, _ = ppo_policy_loss(logp, logp.detach(), adv, traj.mask, 0.2)
+    loss.backward()
+    # logits[:, t] predict token t + 1: positions predicting observation (or pad) tokens
+    predicts_untrained = ~traj.mask[:, 1:]
+    g = out.logits.grad[:, :-1]
+    assert g[predicts_untrained].abs().max() == 0
+    assert g[~predicts_untrained].abs().sum() > 0
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo", "reinforce"])
+def test_one_update_changes_parameters_and_logs(tmp_path, algo):
+    from tokenergy.runs import Run
+
+    # A random policy writes only invalid turns, so every episode earns the same return and
+    # GRPO / REINFORCE advantages are all 0: the entropy bonus makes the update non-trivial.
+    cfg = tiny_cfg(
+        **{
+            "algo.name": algo,
+            "rollout.group_size": 2 if algo == "grpo" else 1,
+            "algo.ent_coef": 0.01,
+        }
+    )
+    agent = build_agent("tiny", seed=0)
+    before = {k: v.clone() for k, v in agent.state_dict().items()}
+    with Run(tmp_path / algo, cfg) as run:
+        result = train_lm(cfg, run, agent=agent)
+    changed = {k for k, v in agent.state_dict().items() if not torch.equal(v, before[k])}
+    assert any(k.startswith("policy.") for k in changed)
+    assert any(k.startswith("value_head.") for k in changed) == (algo == "ppo")
+    rows = [json.loads(x) for x in (tmp_path / algo / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["train/iteration"] == 0 and "eval/success" in rows[0]
+    assert rows[-1]["train/iteration"] == 1 and "loss/policy" in rows[-1]
+    sample = json.loads((tmp_path / algo / "samples.jsonl").read_text().splitlines()[0])
+    assert len(sample["tokens"]) == len(sample["roles"]) == len(sample["advantage"])
+    assert (tmp_path / algo / "agent" / "policy" / "config.json").is_file()
+    assert result.history[-1]["train/episodes"] == 4
+
+
+def _hand_batch():
+    """Two groups of two episodes; rewards on the last agent token of each turn."""
+    from tokenergy.rollout import Scored, Trajectories
+
+    mask = torch.tensor([[0, 1, 1, 0, 1], [0, 1, 1, 0, 1], [0, 1, 1, 0, 1], [0, 1, 1, 0, 1]]).bool()
+    rewards = torch.zeros(4, 5)
+    rewards[:, 2] = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    rewards[:, 4] = torch.tensor([1.0, 1.0, 0.0, 2.0])
+    z = torch.zeros(4, 5)
+    traj = Trajectories(
+        tokens=z.long(),
+        roles=z.long(),
+        attention_mask=torch.ones(4, 5, dtype=torch.bool),
+        mask=mask,
+        rewards=rewards,
+        terminated=torch.ones(4, dtype=torch.bool),
+        truncated=torch.zeros(4, dtype=torch.bool),
+        last_index=torch.full((4,), 4),
+        episode_return=rewards.sum(1),
+        success=torch.zeros(4, dtype=torch.bool),
+        turns=torch.full((4,), 2),
+        invalid_turns=torch.zeros(4, dtype=torch.long),
+        groups=torch.tensor([0, 0, 1, 1]),
+        episodes=[],
+    )
+    sc = Scored(logprobs=z, ref_logprobs=z, values=z, bootstrap=torch.zeros(4), entropy=z)
+    return traj, sc
+
+
+def test_grpo_and_reinforce_advantages_by_hand():
+    from tokenergy.algos.lm import ALGORITHMS
+
+    traj, sc = _hand_batch()
+    cfg = tiny_cfg().algo
+    grpo = ALGORITHMS.get("grpo")(traj, sc, traj.rewards, cfg).advantages
+    # returns 2, 1 | 0, 2: each group's two members sit at -/+ 1/sqrt(2) (unbiased std)
+    s = 2**-0.5
+    expected = torch.tensor([s, -s, -s, s])
+    assert torch.allclose(grpo[:, 1], expected, atol=1e-5) and (grpo[:, 0] == 0).all()
+    assert torch.allclose(grpo[:, 4], expected, atol=1e-5) and (grpo[:, 3] == 0).all()
+    rf = ALGORITHMS.get("reinforce")(traj, sc, traj.rewards, cfg).advantages
+    # return-to-go minus the batch mean return (1.25), gamma = 1
+    assert rf[:, 1].tolist() == pytest.approx([0.75, -0.25, -1.25, 0.75])
+    assert rf[:, 4].tolist() == pytest.approx([-0.25, -0.25, -1.25, 0.75])
+
+
+def test_sft_learns_the_solver(tok):
+    cfg = tiny_cfg(
+        **{"sft.episodes": 64, "sft.epochs": 10, "sft.epsilon": 0.0, "sft.batch_size": 8}
+    )
+    agent = build_agent("tiny", tokenizer=tok, seed=0)
+    losses = sft(agent, cfg)
+    assert len(losses) == 10 * 8
+    assert sum(losses[-8:]) / 8 < 0.25 * losses[0]
+
+
+def test_lm_config_errors_name_the_field():
+    with pytest.raises(ConfigError, match=r"rollout.group_size: GRPO needs at least 2"):
+        tiny_cfg(**{"algo.name": "grpo"})
+    with pytest.raises(
+        ConfigError, match=r"env.name: unknown text environment 'sokobn'.*'sokoban'"
+    ):
+        tiny_cfg(**{"env.name": "sokobn"})
+    with pytest.raises(ConfigError, match=r"env.kwargs: frozenlake: .*unexpected keyword"):
+        tiny_cfg(**{"env.kwargs": {"slippery": True}})
+    with pytest.raises(ConfigError, match=r"algo.name: unknown algorithm 'ppo2'"):
+        tiny_cfg(**{"algo.name": "ppo2"})
+    with pytest.raises(ConfigError, match=r"algo.minibatches: must divide rollout.episodes"):
+        tiny_cfg(**{"algo.minibatches": 3})
+
+
+def test_every_logged_metric_is_documented(tmp_path):
+    from pathlib import Path
+
+    from tokenergy.runs import Run
+
+    doc = Path(__file__).parent.parent.joinpath("docs", "metrics.md").read_text()
+    cfg = tiny_cfg(
+        **{"sft.episodes": 4, "sft.batch_size": 4, "algo.ent_coef": 0.01, "algo.kl_in": "loss"}
+    )
+    with Run(tmp_path / "r", cfg) as run:
+        train_lm(cfg, run)
+    keys = set()
+    for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines():
+        keys |= set(json.loads(line))
+    for key in keys:
+        assert f"`{key}`" in doc, f"{key} is logged but not documented in docs/metrics.md"

@@ -1,0 +1,271 @@
+"""Text envs: the contract, determinism, Gymnasium parity, solvers, hand-worked episodes, and
+that no text whatsoever makes them raise."""
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenergy.envs import TEXT_ENVS, make
+from tokenergy.envs.frozenlake import MOVES
+from tokenergy.envs.sokoban import parse_level, solve
+from tokenergy.envs.sudoku import count_solutions
+from tokenergy.envs.text import extract_answer, split_actions
+
+ENV_ARGS = {
+    "frozenlake": [{}, {"is_slippery": True}, {"map_size": 5}],
+    "sokoban": [{}, {"num_boxes": 2, "size": 7}],
+    "sudoku4": [{}, {"num_holes": 10}],
+}
+ALL = [(n, kw) for n, kws in ENV_ARGS.items() for kw in kws]
+
+
+def answer(move: str) -> str:
+    return f"<think> x </think> <answer> {move} </answer>"
+
+
+def play_solver(env, seed):
+    obs, _ = env.reset(seed=seed)
+    while True:
+        obs, r, term, trunc, info = env.step(env.solver_turn())
+        assert isinstance(obs, str) and isinstance(r, float)
+        if term or trunc:
+            return info
+
+
+def test_registry_lists_the_envs():
+    assert {"frozenlake", "sokoban", "sudoku4"} <= set(TEXT_ENVS)
+    with pytest.raises(KeyError, match="did you mean 'sokoban'"):
+        make("sokoban2")
+
+
+@pytest.mark.parametrize(("name", "kwargs"), ALL)
+def test_env_checker_and_determinism(name, kwargs):
+    """reset/step types, info keys, same seed same episode, clone is independent."""
+    a, b = make(name, **kwargs), make(name, **kwargs)
+    obs_a, info = a.reset(seed=7)
+    obs_b, _ = b.reset(seed=7)
+    assert obs_a == obs_b and isinstance(info, dict)
+    rng = np.random.default_rng(0)
+    for _ in range(30):
+        text = answer(a.random_action(rng)) if rng.random() < 0.5 else a.solver_turn()
+        out_a, out_b = a.step(text), b.step(text)
+        assert out_a == out_b
+        _, _r, term, trunc, info = out_a
+        assert isinstance(term, bool) and isinstance(trunc, bool) and "invalid" in info
+        if term or trunc:
+            assert isinstance(info["success"], bool)
+            with pytest.raises(RuntimeError, match="reset"):
+                a.step(text)
+            break
+    # a different seed gives a different level (over a few seeds)
+    assert len({make(name, **kwargs).reset(seed=s)[0] for s in range(5)}) > 1
+
+
+@pytest.mark.parametrize(("name", "kwargs"), ALL)
+def test_clone_is_independent(name, kwargs):
+    env = make(name, **kwargs)
+    env.reset(seed=3)
+    copy = env.clone()
+    before = copy.render()
+    turn = env.solver_turn()
+    out = env.step(turn)
+    assert copy.render() == before  # stepping the original left the copy alone
+    assert copy.step(turn) == out  # and the copy (its random generator too) replays it exactly
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs"),
+    [
+        ("frozenlake", {}),
+        ("frozenlake", {"map_size": 6}),
+        ("sokoban", {}),
+        ("sokoban", {"num_boxes": 2, "size": 7}),
+        ("sudoku4", {}),
+        ("sudoku4", {"num_holes": 10}),
+    ],
+)
+def test_solver_solves_every_generated_level(name, kwargs):
+    for seed in range(60):
+        info = play_solver(make(name, **kwargs, max_steps=40), seed)
+        assert info["success"], f"{name} {kwargs} seed {seed}"
+
+
+def test_slippery_solver_beats_random():
+    solver = np.mean(
+        [
+            play_solver(make("frozenlake", is_slippery=True, max_steps=30), s)["success"]
+            for s in range(80)
+        ]
+    )
+    rng = np.random.default_rng(0)
+    wins = 0
+    for s in range(80):
+        env = make("frozenlake", is_slippery=True, max_steps=30)
+        env.reset(seed=s)
+        while True:
+            *_, term, trunc, info = env.step(answer(MOVES[rng.integers(4)]))
+            if term or trunc:
+                wins += info["success"]
+                break
+    assert solver > 0.4 and solver > 3 * wins / 80
+
+
+# --------------------------------------------------------------------------- FrozenLake parity
+
+GYM_MAP = ["SFFF", "FHFH", "FFFH", "HFFG"]
+
+
+def test_frozenlake_matches_gymnasium_step_for_step():
+    gym_env = gym.make("FrozenLake-v1", desc=GYM_MAP, is_slippery=False)
+    ours = make("frozenlake", desc=GYM_MAP, max_steps=100)
+    rng = np.random.default_rng(1)
+    for episode in range(30):
+        s, _ = gym_env.reset(seed=episode)
+        ours.reset(seed=episode)
+        while True:
+            a = int(rng.integers(4))
+            s, r, term, _trunc, _ = gym_env.step(a)
+            _, r2, term2, _trunc2, info = ours.step(answer(MOVES[a]))
+            assert divmod(int(s), 4) == ours.pos and r == r2 and term == term2
+            if term or term2:
+                assert info["success"] == (r == 1.0)
+                break
+
+
+def test_frozenlake_slippery_matches_gymnasium_in_distribution():
+    """From (1, 2) the intended move or a perpendicular one, 1/3 each (Gymnasium's rule)."""
+    n = 3000
+    ours = make("frozenlake", desc=GYM_MAP, is_slippery=True)
+    gym_env = gym.make("FrozenLake-v1", desc=GYM_MAP, is_slippery=True).unwrapped
+    counts_ours, counts_gym = {}, {}
+    for i in range(n):
+        ours.reset(seed=i)
+        ours.pos = (0, 2)
+        ours.step(answer("Down"))
+        counts_ours[ours.pos] = counts_ours.get(ours.pos, 0) + 1
+        gym_env.reset(seed=i)
+        gym_env.s = 2
+        s, *_ = gym_env.step(1)
+        counts_gym[divmod(int(s), 4)] = counts_gym.get(divmod(int(s), 4), 0) + 1
+    assert set(counts_ours) == set(counts_gym) == {(0, 1), (1, 2), (0, 3)}
+    for cell in counts_ours:
+        assert abs(counts_ours[cell] / n - 1 / 3) < 0.03
+        assert abs(counts_ours[cell] / n - counts_gym[cell] / n) < 0.04
+
+
+# --------------------------------------------------------------------------- Sokoban by hand
+
+
+def test_sokoban_hand_worked_episode():
+    env = make("sokoban", level=["#######", "#P_X_O#", "#######"], max_steps=10)
+    obs, _ = env.reset()
+    assert obs.splitlines()[1] == "# P _ X _ O #"
+    _, r, term, _, _ = env.step(answer("Left"))  # into the wall: no move, still costs
+    assert r == pytest.approx(-0.1) and env.player == (1, 1) and not term
+    _, r, term, _, _ = env.step(answer("Right"))
+    assert r == pytest.approx(-0.1) and env.player == (1, 2)
+    _, r, term, _, _ = env.step(answer("Right"))  # pushes the box to (1, 4)
+    assert r == pytest.approx(-0.1) and env.boxes == frozenset({(1, 4)})
+    _, r, term, _, info = env.step(answer("Right"))  # box onto the target: +1 +10 -0.1
+    assert r == pytest.approx(10.9) and term and info["success"]
+    assert env.render().splitlines()[1] == "# _ _ _ P √ #"
+
+
+def test_sokoban_box_off_target_costs_one():
+    env = make("sokoban", level=["#######", "#P√___#", "#_XO__#", "#######"], max_steps=10)
+    env.reset()
+    _, r, term, _, _ = env.step(answer("Right"))  # pushes the placed box off its target
+    assert r == pytest.approx(-1.1) and not term and env.boxes == frozenset({(1, 3), (2, 2)})
+
+
+def test_sokoban_solver_is_shortest_and_levels_validate():
+    walls, targets, boxes, player, _ = parse_level(["#######", "#P_X_O#", "#######"])
+    assert solve(walls, targets, boxes, player) == [2, 2, 2]
+    with pytest.raises(ValueError, match="as many boxes as targets"):
+        make("sokoban", level=["#####", "#PX_#", "#####"])
+    with pytest.raises(ValueError, match="unknown symbol"):
+        make("sokoban", level=["#####", "#PXO?", "#####"])
+
+
+def test_sokoban_several_moves_per_turn_and_cap():
+    env = make("sokoban", level=["#######", "#P_X_O#", "#######"], max_actions_per_turn=3)
+    env.reset()
+    _, r, term, _, info = env.step(answer("Right || Right || right"))
+    assert term and info["success"] and r == pytest.approx(-0.3 + 11)
+    env.reset()
+    _, r, _, _, info = env.step(answer("Right || Right || Right || Right"))
+    assert info["invalid"] and env.player == (1, 1) and r == pytest.approx(-0.1)
+
+
+# --------------------------------------------------------------------------- Sudoku
+
+
+def test_sudoku_puzzles_have_unique_solutions():
+    for seed in range(20):
+        env = make("sudoku4", num_holes=8)
+        env.reset(seed=seed)
+        assert (env.grid == 0).sum() >= 6
+        assert count_solutions(env.grid.copy()) == 1
+        sol = env.solution
+        for i in range(4):
+            assert sorted(sol[i]) == [1, 2, 3, 4] and sorted(sol[:, i]) == [1, 2, 3, 4]
+
+
+def test_sudoku_rewards_by_hand():
+    env = make("sudoku4", num_holes=6)
+    env.reset(seed=0)
+    r, c = map(int, np.argwhere(env.grid == 0)[0])
+    good = int(env.solution[r, c])
+    legal_wrong = [
+        v for v in range(1, 5) if v != good and v not in set(env.grid[r]) | set(env.grid[:, c])
+    ]
+    filled = tuple(map(int, np.argwhere(env.grid != 0)[0]))
+    _, rew, _, _, info = env.step(answer(f"{filled[0] + 1} {filled[1] + 1} 1"))
+    assert info["invalid"] and rew == env.invalid_penalty
+    if legal_wrong:
+        before = env.grid.copy()
+        _, rew, _, _, info = env.step(answer(f"{r + 1} {c + 1} {legal_wrong[0]}"))
+        assert not info["invalid"] and rew == env.wrong_penalty and (env.grid == before).all()
+    _, rew, _, _, info = env.step(answer(f"{r + 1} {c + 1} {good}"))
+    assert rew == 1.0 and env.grid[r, c] == good
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def test_extract_and_split():
+    assert extract_answer("<think>a</think><answer> Up || left </answer>") == "Up || left"
+    assert extract_answer("no tags") is None
+    assert extract_answer("<answer>" + "x" * 5000 + "</answer>") is None
+    assert split_actions("Up ||  Left|| ") == ["Up", "Left", ""]
+
+
+@pytest.mark.parametrize(("name", "kwargs"), ALL)
+@settings(max_examples=60, deadline=None)
+@given(
+    text=st.one_of(
+        st.text(max_size=200),
+        st.text(max_size=50).map(lambda s: f"<answer>{s}</answer>"),
+        st.sampled_from(
+            [
+                "<answer></answer>",
+                "<answer> || </answer>",
+                "<answer>Up||</answer>",
+                "<answer>\x00</answer>",
+                "<answer>1 1 ５</answer>",
+                "<answer>" + "Up " * 3000 + "</answer>",
+            ]
+        ),
+    )
+)
+def test_arbitrary_text_never_raises(name, kwargs, text):
+    env = make(name, **kwargs)
+    env.reset(seed=0)
+    before = env.render()
+    obs, r, _term, _trunc, info = env.step(text)
+    assert isinstance(obs, str) and isinstance(r, float)
+    if info["invalid"]:
+        assert obs == before and r == env.invalid_penalty  # state unchanged
+    assert env.steps == 1
