@@ -34,6 +34,7 @@ format: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/cartpole_ppo.py
 	$(PY) benchmarks/bottleneck_ablation.py
+	$(PY) benchmarks/lm_throughput.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
