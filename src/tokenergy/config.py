@@ -405,7 +405,10 @@ class AlgoConfig:
 
     name: str = _f("ppo", "registered algorithm: ppo, grpo or reinforce")
     iterations: int = _f(50, "RL iterations (rollout + update)")
-    lr: float = _f(1e-4, "AdamW learning rate of the RL phase")
+    lr: float = _f(1e-4, "AdamW learning rate of the policy in the RL phase")
+    value_lr: float = _f(
+        1e-3, "AdamW learning rate of the value head (ppo); it starts at zero and must catch up"
+    )
     epochs: int = _f(2, "passes over each rollout batch")
     minibatches: int = _f(4, "minibatches per pass")
     clip_eps: float = _f(0.2, "ratio clip range")
@@ -413,7 +416,9 @@ class AlgoConfig:
     gamma: float = _f(1.0, "discount per token")
     lam: float = _f(0.95, "GAE lambda (ppo)")
     vf_coef: float = _f(0.5, "value-loss coefficient (ppo)")
-    value_clip: float | None = _f(0.2, "value clip range (ppo); null turns it off")
+    value_clip: float | None = _f(
+        None, "value clip range (ppo); null (default) turns it off: returns here span ~10"
+    )
     ent_coef: float = _f(0.0, "entropy bonus coefficient")
     kl_coef: float = _f(0.02, "weight of the KL to the frozen reference; 0 turns it off")
     kl_kind: str = _f("k1", "KL estimator: k1, k2 or k3")
@@ -427,6 +432,7 @@ class AlgoConfig:
         _check(self.name in ALGORITHMS, "name", ALGORITHMS.unknown_message(self.name))
         _in_range(self.iterations, "iterations", 0, None)
         _in_range(self.lr, "lr", 0.0, 1.0, lo_open=True)
+        _in_range(self.value_lr, "value_lr", 0.0, 1.0, lo_open=True)
         _in_range(self.epochs, "epochs", 1, None)
         _in_range(self.minibatches, "minibatches", 1, None)
         _in_range(self.clip_eps, "clip_eps", 0.0, 1.0, lo_open=True, hi_open=True)

@@ -301,8 +301,13 @@ def train_lm(
 
     # ---- RL -------------------------------------------------------------------------------
     ref = copy.deepcopy(agent.policy).eval().requires_grad_(False) if a.kl_coef > 0 else None
-    params = [p for p in agent.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0)
+    policy_params = [p for p in agent.policy.parameters() if p.requires_grad]
+    head_params = list(agent.value_head.parameters())
+    params = policy_params + head_params
+    opt = torch.optim.AdamW(
+        [{"params": policy_params, "lr": a.lr}, {"params": head_params, "lr": a.value_lr}],
+        weight_decay=0.0,
+    )
     n_groups = cfg.rollout.episodes // cfg.rollout.group_size
     episodes_done = 0
     for iteration in range(n_iters):

@@ -196,8 +196,16 @@ def build_agent(
     return agent
 
 
+def _quiet_transformers() -> None:
+    """No per-shard progress bars from ``transformers`` inside our own progress display."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def save_agent(agent: AgentModel, folder: str | Path) -> Path:
     """Write ``policy/`` (model + tokenizer) and ``value_head.safetensors`` under ``folder``."""
+    _quiet_transformers()
     folder = Path(folder)
     (folder / "policy").mkdir(parents=True, exist_ok=True)
     agent.policy.save_pretrained(folder / "policy")
@@ -216,6 +224,7 @@ def load_agent(folder: str | Path, dtype: torch.dtype = torch.float32) -> AgentM
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    _quiet_transformers()
     folder = Path(folder)
     policy_dir = folder / "policy" if (folder / "policy" / "config.json").is_file() else folder
     if not (policy_dir / "config.json").is_file():

@@ -1,0 +1,205 @@
+"""Does RL raise held-out success over the SFT start? SFT once per env and seed, then PPO and
+GRPO from that same SFT agent; greedy success on the same held-out env seeds before and after.
+
+Usage: python benchmarks/lm_sft_rl.py [--envs sokoban frozenlake] [--algos ppo grpo]
+[--seeds 3] [--jobs 2] [--out runs/lm-results] [--doc docs/results/lm-sft-rl.md]
+[-- extra tokenergy overrides, e.g. --algo.iterations 20]
+
+Every run is a plain ``tokenergy train`` command (printed as it starts), one torch thread each,
+``--jobs`` at a time. Writes the table and a curve plot to ``docs/results/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import machine
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tokenergy() -> list[str]:
+    return [sys.executable, "-m", "tokenergy.cli"]
+
+
+def run(cmd: list[str], log: Path) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    print("$ tokenergy " + " ".join(shlex.quote(c) for c in cmd[3:]), flush=True)
+    with open(log, "w") as f:
+        res = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    if res.returncode != 0:
+        raise RuntimeError(f"failed ({res.returncode}); see {log}")
+
+
+def evals(run_dir: Path) -> list[tuple[int, float]]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
+    return [
+        (int(r["train/iteration"]), float(r["eval/success"])) for r in rows if "eval/success" in r
+    ]
+
+
+def mean_std(xs: list[float]) -> str:
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):.3f} ± {sd:.3f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--envs", nargs="+", default=["sokoban", "frozenlake"])
+    ap.add_argument("--algos", nargs="+", default=["ppo", "grpo"])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default="runs/lm-results")
+    ap.add_argument("--doc", default="docs/results/lm-sft-rl.md")
+    a, extra = ap.parse_known_args()
+    extra = [x for x in extra if x != "--"]
+    out = Path(a.out)
+    t0 = time.perf_counter()
+
+    # ---- SFT once per env and seed --------------------------------------------------------
+    sft_jobs = []
+    for env in a.envs:
+        for s in range(a.seeds):
+            d = out / env / "sft" / f"seed_{s}"
+            d.parent.mkdir(parents=True, exist_ok=True)
+            cmd = [
+                *tokenergy(),
+                "train",
+                f"configs/{env}-ppo.yaml",
+                "--seed",
+                str(s),
+                "--algo.iterations",
+                "0",
+                "--out",
+                str(d),
+                "--overwrite",
+                "--log.progress",
+                "false",
+                *extra,
+            ]
+            sft_jobs.append((cmd, d.with_suffix(".log")))
+    with cf.ThreadPoolExecutor(a.jobs) as pool:
+        list(pool.map(lambda j: run(*j), sft_jobs))
+
+    # ---- RL from each SFT agent -------------------------------------------------------------
+    rl_jobs = []
+    for env in a.envs:
+        for algo in a.algos:
+            for s in range(a.seeds):
+                d = out / env / algo / f"seed_{s}"
+                d.parent.mkdir(parents=True, exist_ok=True)
+                start = out / env / "sft" / f"seed_{s}" / "agent"
+                cmd = [
+                    *tokenergy(),
+                    "train",
+                    f"configs/{env}-{algo}.yaml",
+                    "--seed",
+                    str(s),
+                    "--model.path",
+                    str(start),
+                    "--sft.episodes",
+                    "0",
+                    "--out",
+                    str(d),
+                    "--overwrite",
+                    "--log.progress",
+                    "false",
+                    *extra,
+                ]
+                rl_jobs.append((cmd, d.with_suffix(".log")))
+    with cf.ThreadPoolExecutor(a.jobs) as pool:
+        list(pool.map(lambda j: run(*j), rl_jobs))
+    wall = time.perf_counter() - t0
+
+    # ---- greedy success of each SFT start and each RL agent (same held-out seeds) ----------
+    greedy: dict[Path, float] = {}
+    for d in sorted({p for j in sft_jobs + rl_jobs for p in [Path(j[0][j[0].index("--out") + 1])]}):
+        cmd = [*tokenergy(), "eval", str(d), "--temperature", "0"]
+        run(cmd, d.with_suffix(".eval.log"))
+        greedy[d] = json.loads((d / "eval.json").read_text())["eval/success"]
+
+    # ---- table and picture ----------------------------------------------------------------
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    lines = [
+        "| env | algo | success after SFT | after RL | Δ (mean ± std over seeds) | seeds improved "
+        "| greedy: after SFT | greedy: after RL |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    per_seed = []
+    fig, axes = plt.subplots(1, len(a.envs), figsize=(5 * len(a.envs), 3.6), squeeze=False)
+    for ax, env in zip(axes[0], a.envs, strict=True):
+        for algo, color in zip(a.algos, ["tab:blue", "tab:orange", "tab:green"], strict=False):
+            before, after = [], []
+            curves = []
+            for s in range(a.seeds):
+                ev = evals(out / env / algo / f"seed_{s}")
+                before.append(ev[0][1])
+                after.append(ev[-1][1])
+                curves.append(ev)
+                per_seed.append(
+                    f"- {env} {algo} seed {s}: " + ", ".join(f"{it}: {v:.3f}" for it, v in ev)
+                )
+            deltas = [y - x for x, y in zip(before, after, strict=True)]
+            better = sum(d > 0 for d in deltas)
+            g_before = [greedy[out / env / "sft" / f"seed_{s}"] for s in range(a.seeds)]
+            g_after = [greedy[out / env / algo / f"seed_{s}"] for s in range(a.seeds)]
+            lines.append(
+                f"| {env} | {algo} | {mean_std(before)} | {mean_std(after)} | "
+                f"{mean_std(deltas)} | {better}/{a.seeds} | {mean_std(g_before)} | {mean_std(g_after)} |"
+            )
+            its = [it for it, _ in curves[0]]
+            ys = [[v for _, v in c] for c in curves]
+            mean = [statistics.mean(col) for col in zip(*ys, strict=True)]
+            sd = [statistics.stdev(col) if len(col) > 1 else 0.0 for col in zip(*ys, strict=True)]
+            ax.plot(its, mean, color=color, label=algo, marker="o")
+            ax.fill_between(
+                its,
+                [m - d for m, d in zip(mean, sd, strict=True)],
+                [m + d for m, d in zip(mean, sd, strict=True)],
+                color=color,
+                alpha=0.2,
+            )
+        ax.set_title(f"{env}: held-out success")
+        ax.set_xlabel("RL iteration (0 = SFT start)")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    doc = Path(a.doc)
+    doc.parent.mkdir(parents=True, exist_ok=True)
+    png = doc.with_suffix(".png")
+    fig.savefig(png, dpi=110)
+    cmdline = "python benchmarks/lm_sft_rl.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    text = (
+        "# SFT, then PPO / GRPO: held-out success before and after RL\n\n"
+        f"- command: `{cmdline.strip()}`\n- machine: {machine()}\n"
+        f"- {a.seeds} seeds; each seed's SFT agent is the start of both algorithms; success is "
+        "measured on the same held-out env seeds before and after RL, with the config's "
+        "evaluation temperature (the curves and the first columns) and greedy (last columns)\n"
+        f"- wall time: {wall / 60:.0f} min, {a.jobs} runs at a time, one torch thread each\n\n"
+        + "\n".join(lines)
+        + f"\n\n![held-out success over RL iterations]({png.name})\n\nPer seed (iteration: success):\n\n"
+        + "\n".join(per_seed)
+        + "\n"
+    )
+    doc.write_text(text)
+    print("\n".join(lines))
+    print(f"wrote {doc} and {png}")
+
+
+if __name__ == "__main__":
+    main()
