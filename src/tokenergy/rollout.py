@@ -276,6 +276,7 @@ def rollout(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     turn_fn: Callable[[TextEnv], str] | None = None,
+    instructions: bool = False,
 ) -> list[Episode]:
     """Play one episode in each env (reset with ``seeds``), all turns batched over envs.
 
@@ -291,6 +292,8 @@ def rollout(
         generator: CPU generator for sampling.
         turn_fn: write each turn with this function of the env instead of the policy (the
             scripted solver, for SFT data); the text goes through the tokenizer.
+        instructions: start the first observation with the env's one-line instructions (for
+            pretrained models, which otherwise do not know the game).
 
     Returns:
         One :class:`Episode` per env.
@@ -303,6 +306,10 @@ def rollout(
     for env, ep, seed in zip(envs, episodes, seeds, strict=True):
         obs, _ = env.reset(seed=seed)
         ep.extend([tokenizer.bos_token_id], [int(Role.OBSERVATION)])
+        if instructions:
+            obs = (
+                f"{env.instructions} . answer as <think> … </think> <answer> move </answer>\n{obs}"
+            )
         ids = encode_observation(tokenizer, obs)
         ep.extend(ids, [int(Role.OBSERVATION)] * len(ids))
     active = list(range(len(envs)))

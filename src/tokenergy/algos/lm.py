@@ -173,6 +173,7 @@ def evaluate(
             max_turns=cfg.env.max_turns,
             max_turn_tokens=cfg.rollout.max_turn_tokens,
             max_tokens=cfg.rollout.max_tokens,
+            instructions=cfg.rollout.instructions,
             temperature=temp,
             top_p=cfg.rollout.top_p,
             generator=gen,
@@ -199,11 +200,13 @@ def sft(
         max_turns=cfg.env.max_turns,
         max_turn_tokens=cfg.rollout.max_turn_tokens,
         max_tokens=cfg.rollout.max_tokens,
+        instructions=cfg.rollout.instructions,
         turn_fn=noisy_solver(s.epsilon, rng),
     )
     data = collate(eps, agent.tokenizer.pad_token_id)
     device = agent.device
-    opt = torch.optim.AdamW(agent.policy.parameters(), lr=s.lr, weight_decay=0.0)
+    trainable = [p for p in agent.policy.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(trainable, lr=s.lr, weight_decay=0.0)
     n_steps = s.epochs * ((s.episodes + s.batch_size - 1) // s.batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(n_steps, 1))
     losses, step = [], 0
@@ -221,7 +224,7 @@ def sft(
             loss = -masked_mean(token_logprobs(out.logits, tokens), mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(agent.policy.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
             sched.step()
             step += 1
@@ -264,17 +267,15 @@ def train_lm(
 ) -> LMTrainResult:
     """SFT (when ``cfg.sft.episodes > 0``), then ``cfg.algo.iterations`` RL iterations."""
     from tokenergy.algos.ppo import resolve_device
-    from tokenergy.models import build_agent, load_agent, save_agent
+    from tokenergy.models import save_agent
+    from tokenergy.models.lm import agent_from_config
 
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     if agent is None:
-        if cfg.model.path:
-            agent = load_agent(cfg.model.path)
-        else:
-            agent = build_agent(cfg.model.size, cfg.model.arch, seed=cfg.seed)
+        agent = agent_from_config(cfg.model, seed=cfg.seed)
     agent = agent.to(device)
     tok = agent.tokenizer
     a = cfg.algo
@@ -325,6 +326,7 @@ def train_lm(
             max_turns=cfg.env.max_turns,
             max_turn_tokens=cfg.rollout.max_turn_tokens,
             max_tokens=cfg.rollout.max_tokens,
+            instructions=cfg.rollout.instructions,
             temperature=cfg.rollout.temperature,
             top_p=cfg.rollout.top_p,
             generator=gen,

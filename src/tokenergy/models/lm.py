@@ -28,6 +28,7 @@ __all__ = [
     "AgentModel",
     "ModelLoadError",
     "ValueHead",
+    "agent_from_config",
     "build_agent",
     "build_tokenizer",
     "load_agent",
@@ -65,8 +66,9 @@ def build_tokenizer(extra_words: list[str] | None = None):
 
     words: set[str] = {NEWLINE, ".", ":", "||", *(str(d) for d in range(10))}
     for name in TEXT_ENVS:
-        cls = type(TEXT_ENVS.get(name)())
-        words.update(cls.vocabulary())
+        env = TEXT_ENVS.get(name)()
+        words.update(env.vocabulary())
+        words.update(f"{env.instructions} . answer as … move".split())
     words.update(extra_words or [])
     specials = [*SPECIAL_TOKENS.values(), *TAG_TOKENS]
     vocab = {tok: i for i, tok in enumerate([*specials, *sorted(words - set(specials))])}
@@ -203,12 +205,39 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+def agent_from_config(model_cfg, seed: int = 0) -> AgentModel:
+    """The agent a run's ``model`` section asks for: a local folder, a registered pretrained
+    model, or a fresh one of a named size; then LoRA when ``lora_r > 0``."""
+    from tokenergy.models.pretrained import PRETRAINED, add_tag_tokens, apply_lora
+
+    if model_cfg.path:
+        agent = load_agent(model_cfg.path)
+    elif model_cfg.pretrained:
+        agent = load_agent(PRETRAINED.get(model_cfg.pretrained)())
+    else:
+        agent = build_agent(model_cfg.size, model_cfg.arch, seed=seed)
+    new_ids = add_tag_tokens(agent)
+    if model_cfg.lora_r > 0:
+        apply_lora(
+            agent, model_cfg.lora_r, model_cfg.lora_alpha, list(model_cfg.lora_targets), new_ids
+        )
+    return agent
+
+
 def save_agent(agent: AgentModel, folder: str | Path) -> Path:
-    """Write ``policy/`` (model + tokenizer) and ``value_head.safetensors`` under ``folder``."""
+    """Write ``policy/`` (model + tokenizer) and ``value_head.safetensors`` under ``folder``.
+
+    A LoRA policy is saved merged (a plain causal LM), so the folder loads without ``peft``.
+    """
     _quiet_transformers()
     folder = Path(folder)
     (folder / "policy").mkdir(parents=True, exist_ok=True)
-    agent.policy.save_pretrained(folder / "policy")
+    policy = agent.policy
+    if hasattr(policy, "merge_and_unload"):
+        import copy
+
+        policy = copy.deepcopy(policy).merge_and_unload()
+    policy.save_pretrained(folder / "policy")
     agent.tokenizer.save_pretrained(folder / "policy")
     state = {k: v.detach().cpu().contiguous() for k, v in agent.value_head.state_dict().items()}
     save_file(state, str(folder / "value_head.safetensors"))
