@@ -355,3 +355,26 @@ def test_every_logged_metric_is_documented(tmp_path):
         keys |= set(json.loads(line))
     for key in keys:
         assert f"`{key}`" in doc, f"{key} is logged but not documented in docs/metrics.md"
+
+
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_same_seed_same_run(tmp_path, algo):
+    """Two runs of one config give the same metrics.jsonl, timings aside."""
+    from tokenergy.runs import Run
+
+    cfg = tiny_cfg(
+        **{
+            "algo.name": algo,
+            "rollout.group_size": 2 if algo == "grpo" else 1,
+            "sft.episodes": 8,
+            "sft.batch_size": 4,
+            "algo.iterations": 2,
+        }
+    )
+    rows = []
+    for k in range(2):
+        with Run(tmp_path / f"r{k}", cfg) as run:
+            train_lm(cfg, run)
+        lines = (tmp_path / f"r{k}" / "metrics.jsonl").read_text().splitlines()
+        rows.append([{n: v for n, v in json.loads(x).items() if not n.startswith("perf/")} for x in lines])
+    assert rows[0] == rows[1] and len(rows[0]) > 3
