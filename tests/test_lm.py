@@ -376,5 +376,7 @@ def test_same_seed_same_run(tmp_path, algo):
         with Run(tmp_path / f"r{k}", cfg) as run:
             train_lm(cfg, run)
         lines = (tmp_path / f"r{k}" / "metrics.jsonl").read_text().splitlines()
-        rows.append([{n: v for n, v in json.loads(x).items() if not n.startswith("perf/")} for x in lines])
+        rows.append(
+            [{n: v for n, v in json.loads(x).items() if not n.startswith("perf/")} for x in lines]
+        )
     assert rows[0] == rows[1] and len(rows[0]) > 3

@@ -1,5 +1,5 @@
 """Environments. Importing this package registers the ``tokenergy/*`` Gymnasium ids and the
-text envs of :func:`make` (``frozenlake``, ``sokoban``, ``sudoku4``)."""
+text envs of :func:`make` (``frozenlake``, ``sokoban``, ``sudoku4``, ``textworld``)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from tokenergy.envs.frozenlake import FrozenLakeText
 from tokenergy.envs.sokoban import SokobanText
 from tokenergy.envs.sudoku import Sudoku4Text
 from tokenergy.envs.text import TEXT_ENVS, TextEnv, make
+from tokenergy.envs.textworld_env import TextWorldText
 from tokenergy.envs.vector import BatchedEnv, EpisodeStats, StepResult
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "StepResult",
     "Sudoku4Text",
     "TextEnv",
+    "TextWorldText",
     "make",
 ]
 
