@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ from tokenergy.rollout import (
     token_logprobs,
 )
 from tokenergy.runs import Run
+from tokenergy.safety import Snapshot, params_are_finite, step_is_finite
 from tokenergy.types import Role
 
 __all__ = [
@@ -311,6 +313,7 @@ def train_lm(
     )
     n_groups = cfg.rollout.episodes // cfg.rollout.group_size
     episodes_done = 0
+    skipped_steps = 0  # non-finite steps skipped (and rolled back), over the run
     for iteration in range(n_iters):
         t0 = time.perf_counter()
         env_seeds = rng.integers(0, cfg.eval.seed_offset, size=n_groups)
@@ -349,6 +352,7 @@ def train_lm(
 
         # ---- update -------------------------------------------------------------------------
         agent.train()
+        snapshot = Snapshot(agent, opt)  # the last good state, for a rollback
         sums: dict[str, float] = {}
         n_updates = 0
         mb_size = traj.batch_size // a.minibatches
@@ -401,12 +405,20 @@ def train_lm(
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)
+                if not step_is_finite(loss, grad_norm):
+                    opt.zero_grad(set_to_none=True)
+                    skipped_steps += 1
+                    continue
                 opt.step()
+                if not params_are_finite(agent):
+                    snapshot.restore(agent, opt)
+                    skipped_steps += 1
+                    continue
                 metrics["grad_norm"] = grad_norm
                 for k, val in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(val)
                 n_updates += 1
-        means = {k: v / n_updates for k, v in sums.items()}
+        means = defaultdict(lambda: float("nan"), {k: v / n_updates for k, v in sums.items()})
         t_update = time.perf_counter() - t1
 
         # ---- metrics ------------------------------------------------------------------------
@@ -420,6 +432,7 @@ def train_lm(
             "train/grad_norm": means["grad_norm"],
             "train/ratio_max": means["ratio_max"],
             "train/updates": n_updates,
+            "train/skipped_steps": skipped_steps,
             "loss/policy": means["policy_loss"],
             "loss/entropy": float(masked_mean(sc.entropy, mask)),
             "kl/ref": float(masked_mean(kl_estimate(sc.logprobs, sc.ref_logprobs, "k3"), mask)),

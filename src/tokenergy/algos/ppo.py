@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +34,7 @@ from tokenergy.losses import ppo_policy_loss, value_loss
 from tokenergy.models import ActorCritic
 from tokenergy.ops import masked_mean, masked_var
 from tokenergy.runs import Run
+from tokenergy.safety import Snapshot, params_are_finite, step_is_finite
 
 __all__ = ["ProgressFn", "TrainResult", "resolve_device", "train_ppo", "weight_scale_at"]
 
@@ -102,6 +103,7 @@ def train_ppo(
     global_step = 0
     obs = torch.from_numpy(envs.reset(seed=cfg.seed)).reshape(B, obs_dim)
     t_start = time.perf_counter()
+    skipped_steps = 0  # non-finite steps skipped (and rolled back), over the run
 
     for iteration in range(n_iters):
         if cfg.ppo.anneal_lr:
@@ -191,6 +193,7 @@ def train_ppo(
         n_updates = 0
         grad_norm = torch.zeros(())
         stop = False
+        snapshot = Snapshot(model, optimizer)  # the last good state, for a rollback
         for _epoch in range(cfg.ppo.epochs):
             perm = torch.randperm(B * T, generator=gen).to(device)
             for start in range(0, B * T, mb_size):
@@ -222,7 +225,15 @@ def train_ppo(
                 grad_norm = torch.nn.utils.clip_grad_norm_(
                     model.parameters(), cfg.ppo.max_grad_norm
                 )
+                if not step_is_finite(loss, grad_norm):
+                    optimizer.zero_grad(set_to_none=True)
+                    skipped_steps += 1
+                    continue
                 optimizer.step()
+                if not params_are_finite(model):
+                    snapshot.restore(model, optimizer)
+                    skipped_steps += 1
+                    continue
                 for k, v in {
                     **pg_m,
                     **v_m,
@@ -236,7 +247,7 @@ def train_ppo(
                     break
             if stop:
                 break
-        means = {k: v / n_updates for k, v in sums.items()}
+        means = defaultdict(lambda: float("nan"), {k: v / n_updates for k, v in sums.items()})
 
         # ---- metrics ---------------------------------------------------------------------
         with torch.no_grad():
@@ -254,6 +265,7 @@ def train_ppo(
             "train/grad_norm": means["grad_norm"],
             "train/ratio_max": means["ratio_max"],
             "train/updates": n_updates,
+            "train/skipped_steps": skipped_steps,
             "train/weighting_active": float(weights_active),
             "loss/policy": means["policy_loss"],
             "loss/value": means["value_loss"],

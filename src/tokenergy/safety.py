@@ -1,0 +1,39 @@
+"""Numerical safety for every trainer: skip non-finite steps, roll back to the last good weights.
+
+A trainer takes a :class:`Snapshot` of the model and optimizer at the start of each
+iteration (the last state known to be good). Before an optimizer step it asks
+:func:`step_is_finite` about the loss and the gradient norm: a non-finite one skips the step
+(counted in ``train/skipped_steps``). After a step, :func:`params_are_finite` catches weights
+that a finite but huge update pushed to inf/NaN; then the snapshot is restored.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+__all__ = ["Snapshot", "params_are_finite", "step_is_finite"]
+
+
+def step_is_finite(loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
+    """True when both the loss and the (pre-clip) global gradient norm are finite."""
+    return bool(torch.isfinite(loss).all()) and bool(torch.isfinite(grad_norm).all())
+
+
+@torch.no_grad()
+def params_are_finite(model: torch.nn.Module) -> bool:
+    """True when every parameter is finite (one fused reduction per tensor)."""
+    return all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+class Snapshot:
+    """A copy of a model's and an optimizer's state, to roll back to."""
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        self.optim_state = copy.deepcopy(optimizer.state_dict())
+
+    def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        model.load_state_dict(self.model_state)
+        optimizer.load_state_dict(copy.deepcopy(self.optim_state))

@@ -1,0 +1,97 @@
+"""Numerical faults: a NaN loss or an update that breaks the weights is skipped, counted in
+`train/skipped_steps`, and the weights stay finite (rolled back to the last good state)."""
+
+import math
+
+import pytest
+import torch
+
+from tokenergy.safety import Snapshot, params_are_finite, step_is_finite
+
+torch.set_num_threads(1)
+
+
+def test_step_checks_and_snapshot_restore():
+    assert step_is_finite(torch.tensor(1.0), torch.tensor(2.0))
+    assert not step_is_finite(torch.tensor(float("nan")), torch.tensor(2.0))
+    assert not step_is_finite(torch.tensor(1.0), torch.tensor(float("inf")))
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    snap = Snapshot(model, opt)
+    w, step = model.weight.detach().clone(), opt.state_dict()["state"][0]["step"].clone()
+    with torch.no_grad():
+        model.weight.fill_(float("nan"))
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    assert not params_are_finite(model)
+    snap.restore(model, opt)
+    assert torch.equal(model.weight, w) and params_are_finite(model)
+    assert torch.equal(opt.state_dict()["state"][0]["step"], step)
+
+
+def _nan_on_calls(monkeypatch, module, calls):
+    """Make ``module.ppo_policy_loss`` return a NaN loss on the given (1-based) calls."""
+    real = module.ppo_policy_loss
+    count = {"n": 0}
+
+    def patched(*args, **kwargs):
+        count["n"] += 1
+        loss, metrics = real(*args, **kwargs)
+        if count["n"] in calls:
+            loss = loss * float("nan")
+        return loss, metrics
+
+    monkeypatch.setattr(module, "ppo_policy_loss", patched)
+
+
+def test_lm_trainer_skips_a_nan_step(monkeypatch):
+    import tokenergy.algos.lm as lm
+    from test_lm import tiny_cfg
+
+    _nan_on_calls(monkeypatch, lm, {2})
+    cfg = tiny_cfg(**{"algo.iterations": 2, "algo.ent_coef": 0.01})
+    result = lm.train_lm(cfg)
+    rows = result.history
+    assert rows[0]["train/skipped_steps"] == 1 and rows[-1]["train/skipped_steps"] == 1
+    assert rows[0]["train/updates"] == cfg.algo.epochs * cfg.algo.minibatches - 1
+    assert params_are_finite(result.agent) and math.isfinite(rows[-1]["loss/policy"])
+
+
+def test_vector_ppo_skips_nan_steps_and_rolls_back_broken_weights(monkeypatch):
+    import tokenergy.algos.ppo as ppo
+    from test_ppo import small
+
+    _nan_on_calls(monkeypatch, ppo, {1, 3})
+    result = ppo.train_ppo(small(**{"ppo.total_steps": 256}))
+    assert result.history[-1]["train/skipped_steps"] == 2
+    assert params_are_finite(result.model)
+
+    # a finite loss whose update sends the weights to inf: rolled back, counted
+    monkeypatch.undo()
+    real_step = torch.optim.Adam.step
+    count = {"n": 0}
+
+    def bad_step(self, *a, **k):
+        out = real_step(self, *a, **k)
+        count["n"] += 1
+        if count["n"] == 2:
+            with torch.no_grad():
+                self.param_groups[0]["params"][0].fill_(float("inf"))
+        return out
+
+    monkeypatch.setattr(torch.optim.Adam, "step", bad_step)
+    result = ppo.train_ppo(small(**{"ppo.total_steps": 256}))
+    assert result.history[-1]["train/skipped_steps"] == 1
+    assert params_are_finite(result.model)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_bad_values_never_reach_the_weights(bad):
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = model(torch.tensor([[bad, 1.0]])).sum()
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    assert not step_is_finite(loss, norm)
