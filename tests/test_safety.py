@@ -3,7 +3,6 @@
 
 import math
 
-import pytest
 import torch
 
 from tokenergy.safety import Snapshot, params_are_finite, step_is_finite
@@ -85,13 +84,3 @@ def test_vector_ppo_skips_nan_steps_and_rolls_back_broken_weights(monkeypatch):
     result = ppo.train_ppo(small(**{"ppo.total_steps": 256}))
     assert result.history[-1]["train/skipped_steps"] == 1
     assert params_are_finite(result.model)
-
-
-@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
-def test_bad_values_never_reach_the_weights(bad):
-    model = torch.nn.Linear(2, 1)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    loss = model(torch.tensor([[bad, 1.0]])).sum()
-    loss.backward()
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    assert not step_is_finite(loss, norm)
