@@ -194,3 +194,11 @@ def test_play_in_the_terminal():
         timeout=120,
     )
     assert res.returncode == 0 and "solved after 3 moves" in res.stdout, res.stdout + res.stderr
+
+
+def test_unwritable_run_folder_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    res = run("train", *TINY, "--out", str(blocker / "run"))
+    assert res.returncode == 2 and "cannot write run folder" in res.stderr
+    assert str(blocker / "run") in res.stderr and "Traceback" not in res.stderr
