@@ -59,6 +59,20 @@ def _load(config: Path | None, extra: list[str], **direct: object) -> RunConfig 
     return load_config(config, overrides)
 
 
+def _same_config(given: dict, saved: dict, run_dir: Path, prefix: str = "") -> None:
+    """Refuse to resume a run under a config that differs from the one it was started with."""
+    for key in sorted(set(given) | set(saved)):
+        a, b = given.get(key), saved.get(key)
+        path = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict) and key != "kwargs":
+            _same_config(a, b, run_dir, f"{path}.")
+        elif a != b and path != "log.progress":
+            raise ValueError(
+                f"--resume {run_dir}: {path} is {a!r} in the given config but {b!r} in the run; "
+                "resume with the run's own config (omit CONFIG)"
+            )
+
+
 def _preset_kind(config: Path | None) -> str:
     try:
         data = yaml.safe_load(Path(config).read_text()) if config is not None else {}
@@ -84,14 +98,27 @@ def train(
         None, "--device", help="cpu, cuda, cuda:N or auto (sets device)."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing run folder."),
+    resume: Path | None = typer.Option(
+        None,
+        "--resume",
+        help="Continue this run folder from its newest complete checkpoint (its own config; "
+        "a CONFIG given must resolve to the same).",
+    ),
 ) -> None:
     """Train one run. Extra --section.field VALUE options override the config."""
     from tokenergy.experiments import run_training
     from tokenergy.reports import final_value
 
-    cfg = _load(config, ctx.args, **{"env.id": env, "seed": seed, "device": device})
-    out = out or Path("runs") / cfg.name
-    result = run_training(cfg, out, overwrite=overwrite, console=console)
+    if resume is not None:
+        cfg = load_config(resume / "config.yaml")
+        if config is not None or ctx.args:
+            given = _load(config, ctx.args, **{"env.id": env, "seed": seed, "device": device})
+            _same_config(config_to_dict(given), config_to_dict(cfg), resume)
+        out = resume
+    else:
+        cfg = _load(config, ctx.args, **{"env.id": env, "seed": seed, "device": device})
+        out = out or Path("runs") / cfg.name
+    result = run_training(cfg, out, overwrite=overwrite, console=console, resume=resume is not None)
     if cfg.kind == "lm":
         first, last_ev = result.evals[0], result.evals[-1]
         console.print(

@@ -8,6 +8,7 @@ processes (one torch thread each); a rich progress bar shows every run's live re
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import multiprocessing as mp
 import queue as queue_mod
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from rich.progress import (
 
 from tokenergy.algos.ppo import train_ppo
 from tokenergy.config import RunConfig, apply_overrides, config_to_dict
-from tokenergy.runs import Run, prepare_run_dir
+from tokenergy.runs import Run, latest_checkpoint, prepare_run_dir
 
 __all__ = ["RunSpec", "plan_ablation", "run_ablation", "run_training"]
 
@@ -69,20 +70,37 @@ def _trainer(cfg: Any) -> tuple[Any, int]:
 
 
 def run_training(
-    cfg: RunConfig, out: str | Path, overwrite: bool = False, console: Console | None = None
+    cfg: RunConfig,
+    out: str | Path,
+    overwrite: bool = False,
+    console: Console | None = None,
+    resume: bool = False,
 ):
-    """Train one run into ``out``, with a progress bar when ``cfg.log.progress`` is on."""
+    """Train one run into ``out``, with a progress bar when ``cfg.log.progress`` is on.
+
+    With ``resume`` the run in ``out`` continues from its newest complete checkpoint.
+    """
     train, total = _trainer(cfg)
-    with Run(out, cfg, overwrite=overwrite) as run:
+    kwargs: dict[str, Any] = {}
+    resume_iteration = None
+    if resume:
+        if getattr(cfg, "kind", "vector") != "vector":
+            raise ValueError(f"--resume works for vector-env runs so far, not {cfg.kind!r} runs")
+        ckpt = latest_checkpoint(out)
+        resume_iteration = int(json.loads((ckpt / "state.json").read_text())["iteration"])
+        kwargs["resume"] = ckpt
+        if console is not None:
+            console.print(f"resuming {out} from {ckpt.name} (iteration {resume_iteration})")
+    with Run(out, cfg, overwrite=overwrite, resume_iteration=resume_iteration) as run:
         if not cfg.log.progress:
-            return train(cfg, run)
+            return train(cfg, run, **kwargs)
         with _progress_bar(console) as bar:
-            task = bar.add_task(cfg.name, total=total, status="")
+            task = bar.add_task(cfg.name, total=total, status="", completed=resume_iteration or 0)
 
             def progress(it: int, n: int, step: int, row: dict[str, float]) -> None:
                 bar.update(task, completed=it, status=_status(row))
 
-            return train(cfg, run, progress)
+            return train(cfg, run, progress, **kwargs)
 
 
 @dataclass(frozen=True)

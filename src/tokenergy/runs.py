@@ -28,6 +28,7 @@ __all__ = [
     "RunDirError",
     "latest_checkpoint",
     "load_checkpoint",
+    "load_trainer_state",
     "prepare_run_dir",
     "read_metrics",
 ]
@@ -68,10 +69,26 @@ def _atomic_write_text(path: Path, text: str) -> None:
 class Run:
     """Writes one run's outputs. Use as a context manager so files are closed on any exit."""
 
-    def __init__(self, path: str | Path, cfg: RunConfig, overwrite: bool = False) -> None:
-        self.path = prepare_run_dir(path, overwrite)
+    def __init__(
+        self,
+        path: str | Path,
+        cfg: RunConfig,
+        overwrite: bool = False,
+        resume_iteration: int | None = None,
+    ) -> None:
+        """Create a new run folder, or with ``resume_iteration`` reopen an existing one.
+
+        Resuming keeps the folder and cuts ``metrics.jsonl`` back to the rows of iterations up
+        to ``resume_iteration`` (the rows after the checkpoint are work that was lost and will
+        be done again).
+        """
+        if resume_iteration is None:
+            self.path = prepare_run_dir(path, overwrite)
+            save_config(cfg, self.path / "config.yaml")
+        else:
+            self.path = Path(path)
+            _truncate_metrics(self.path / "metrics.jsonl", resume_iteration)
         self.cfg = cfg
-        save_config(cfg, self.path / "config.yaml")
         self._metrics = open(self.path / "metrics.jsonl", "a")  # noqa: SIM115  (closed in close())
         self._tb = None
         if cfg.log.tensorboard:
@@ -90,9 +107,17 @@ class Run:
                     self._tb.add_scalar(k, v, step)
 
     def save_checkpoint(
-        self, model: torch.nn.Module, iteration: int, state: dict[str, Any]
+        self,
+        model: torch.nn.Module,
+        iteration: int,
+        state: dict[str, Any],
+        trainer_state: dict[str, Any] | None = None,
     ) -> Path:
-        """Write ``checkpoints/iter_N/`` atomically: into a temp folder, then one rename."""
+        """Write ``checkpoints/iter_N/`` atomically: into a temp folder, then one rename.
+
+        ``trainer_state`` (optimizer, random generators, env states: whatever the trainer
+        needs to continue exactly) goes to ``trainer.pt`` beside the weights.
+        """
         ckpt_root = self.path / "checkpoints"
         ckpt_root.mkdir(exist_ok=True)
         final = ckpt_root / f"iter_{iteration:06d}"
@@ -101,6 +126,8 @@ class Run:
         tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
         save_file(tensors, str(tmp / "model.safetensors"))
         save_config(self.cfg, tmp / "config.yaml")
+        if trainer_state is not None:
+            torch.save(trainer_state, tmp / "trainer.pt")
         _atomic_write_text(
             tmp / "state.json", json.dumps({"iteration": iteration, **state}, indent=2)
         )
@@ -122,6 +149,32 @@ class Run:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _truncate_metrics(path: Path, iteration: int) -> None:
+    """Keep the rows of iterations ``<= iteration`` (and rows without one, e.g. SFT steps)."""
+    if not path.is_file():
+        raise RunDirError(f"{str(path)!r} not found: nothing to resume")
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by the crash
+        if row.get("train/iteration", 0) <= iteration:
+            keep.append(line)
+    _atomic_write_text(path, "".join(x + "\n" for x in keep))
+
+
+def load_trainer_state(ckpt_dir: str | Path) -> dict[str, Any]:
+    """The ``trainer.pt`` of a checkpoint (written by this library, so unpickling is trusted)."""
+    p = Path(ckpt_dir) / "trainer.pt"
+    if not p.is_file():
+        raise RunDirError(f"checkpoint {str(ckpt_dir)!r} has no trainer.pt: it cannot be resumed")
+    try:
+        return torch.load(p, weights_only=False)
+    except Exception as err:  # a torn or foreign file
+        raise RunDirError(f"checkpoint file {str(p)!r} is corrupt: {err}") from None
 
 
 def _jsonable(v: Any) -> Any:

@@ -17,6 +17,7 @@ control permutes the same weights among steps.
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -79,8 +80,15 @@ def train_ppo(
     cfg: RunConfig,
     run: Run | None = None,
     progress: ProgressFn | None = None,
+    resume: Path | None = None,
 ) -> TrainResult:
-    """Train an MLP actor-critic with (energy-weighted) PPO as configured by ``cfg``."""
+    """Train an MLP actor-critic with (energy-weighted) PPO as configured by ``cfg``.
+
+    With ``resume`` (a checkpoint folder written by this function) the run continues from
+    that checkpoint exactly: weights, optimizer, random generators, env states, the episode
+    window and the counters come back, so on CPU the remaining iterations equal those of an
+    uninterrupted run.
+    """
     device = resolve_device(cfg.device)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)  # sampling and minibatch order (CPU)
@@ -104,8 +112,26 @@ def train_ppo(
     obs = torch.from_numpy(envs.reset(seed=cfg.seed)).reshape(B, obs_dim)
     t_start = time.perf_counter()
     skipped_steps = 0  # non-finite steps skipped (and rolled back), over the run
+    start_iteration = 0
+    if resume is not None:
+        from tokenergy.runs import load_checkpoint, load_trainer_state, read_metrics
 
-    for iteration in range(n_iters):
+        tensors, _, _ = load_checkpoint(resume)
+        model.load_state_dict(tensors)
+        ts = load_trainer_state(resume)
+        optimizer.load_state_dict(ts["optimizer"])
+        gen.set_state(ts["generator"])
+        torch.set_rng_state(ts["torch_rng"])
+        envs.close()
+        envs = pickle.loads(ts["envs"])
+        obs, episodes = ts["obs"], deque(ts["episodes"], maxlen=cfg.log.episode_window)
+        global_step, skipped_steps = ts["global_step"], ts["skipped_steps"]
+        start_iteration = ts["iteration"]
+        t_start -= ts["elapsed_s"]
+        if run is not None:
+            history = [r for r in read_metrics(run.path) if "train/iteration" in r]
+
+    for iteration in range(start_iteration, n_iters):
         if cfg.ppo.anneal_lr:
             optimizer.param_groups[0]["lr"] = cfg.ppo.lr * (1.0 - iteration / n_iters)
         t_iter = time.perf_counter()
@@ -294,7 +320,21 @@ def train_ppo(
             run.log(global_step, row)
             every = cfg.log.checkpoint_every
             if (every and (iteration + 1) % every == 0) or iteration + 1 == n_iters:
-                run.save_checkpoint(model, iteration + 1, {"global_step": global_step})
+                trainer_state = {
+                    "iteration": iteration + 1,
+                    "optimizer": optimizer.state_dict(),
+                    "generator": gen.get_state(),
+                    "torch_rng": torch.get_rng_state(),
+                    "envs": pickle.dumps(envs),
+                    "obs": obs,
+                    "episodes": list(episodes),
+                    "global_step": global_step,
+                    "skipped_steps": skipped_steps,
+                    "elapsed_s": elapsed,
+                }
+                run.save_checkpoint(
+                    model, iteration + 1, {"global_step": global_step}, trainer_state
+                )
         if progress is not None:
             progress(iteration + 1, n_iters, global_step, row)
 
