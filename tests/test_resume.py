@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from test_ppo import small
 from tokenergy.experiments import run_training
@@ -62,9 +63,9 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     ]
     code = "import tests_identity_env; from tokenergy.cli import main; main()"
     env_setup = tmp_path / "tests_identity_env.py"
+    here = str(Path(__file__).parent)
     env_setup.write_text(
-        "import sys; sys.path.insert(0, %r); import test_ppo  # registers test/Identity-v0\n"
-        % str(__import__("pathlib").Path(__file__).parent)
+        f"import sys; sys.path.insert(0, {here!r}); import test_ppo  # test/Identity-v0\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", code, *args, "--out", str(out)], cwd=tmp_path)
     deadline = time.time() + 120
