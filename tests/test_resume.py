@@ -92,3 +92,26 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     assert res.returncode == 0, res.stderr
     its = [r["train/iteration"] for r in read_metrics(out)]
     assert its == list(range(1, 401))
+
+
+def test_lm_resume_equals_the_straight_run(tmp_path):
+    from test_lm import tiny_cfg
+
+    cfg = tiny_cfg(
+        **{
+            "sft.episodes": 8,
+            "sft.batch_size": 4,
+            "algo.iterations": 4,
+            "algo.ent_coef": 0.01,
+            "eval.every": 2,
+        }
+    )
+    cfg.log.checkpoint_every = 2
+    run_training(cfg, tmp_path / "straight")
+    run_training(cfg, tmp_path / "crashed")
+    shutil.rmtree(tmp_path / "crashed" / "checkpoints" / "iter_000004")
+    shutil.rmtree(tmp_path / "crashed" / "agent")
+    result = run_training(cfg, tmp_path / "crashed", resume=True)
+    assert _rows(tmp_path / "crashed") == _rows(tmp_path / "straight")
+    assert [r["train/iteration"] for r in result.history] == [1, 2, 3, 4]
+    assert (tmp_path / "crashed" / "agent" / "policy" / "config.json").is_file()

@@ -84,8 +84,6 @@ def run_training(
     kwargs: dict[str, Any] = {}
     resume_iteration = None
     if resume:
-        if getattr(cfg, "kind", "vector") != "vector":
-            raise ValueError(f"--resume works for vector-env runs so far, not {cfg.kind!r} runs")
         ckpt = latest_checkpoint(out)
         resume_iteration = int(json.loads((ckpt / "state.json").read_text())["iteration"])
         kwargs["resume"] = ckpt

@@ -266,8 +266,14 @@ def train_lm(
     run: Run | None = None,
     progress: ProgressFn | None = None,
     agent: torch.nn.Module | None = None,
+    resume: Path | None = None,
 ) -> LMTrainResult:
-    """SFT (when ``cfg.sft.episodes > 0``), then ``cfg.algo.iterations`` RL iterations."""
+    """SFT (when ``cfg.sft.episodes > 0``), then ``cfg.algo.iterations`` RL iterations.
+
+    With ``resume`` (an RL checkpoint folder written by this function) SFT is skipped and the
+    run continues exactly from that checkpoint: weights, reference, optimizer, random
+    generators and counters come back.
+    """
     from tokenergy.algos.ppo import resolve_device
     from tokenergy.models import save_agent
     from tokenergy.models.lm import agent_from_config
@@ -294,16 +300,26 @@ def train_lm(
             run.log(step, row)
 
     # ---- SFT warm start -------------------------------------------------------------------
-    if cfg.sft.episodes > 0:
-        sft(agent, cfg, log=log if run is not None else None)
-    ev = {"train/iteration": 0, **evaluate(agent, cfg)}
-    evals.append(ev)
-    log(0, ev)
-    if progress is not None:
-        progress(1, total, 0, ev)
+    ts: dict[str, Any] | None = None
+    if resume is None:
+        if cfg.sft.episodes > 0:
+            sft(agent, cfg, log=log if run is not None else None)
+        ev = {"train/iteration": 0, **evaluate(agent, cfg)}
+        evals.append(ev)
+        log(0, ev)
+        if progress is not None:
+            progress(1, total, 0, ev)
+    else:
+        from tokenergy.runs import load_checkpoint, load_trainer_state
+
+        tensors, _, _ = load_checkpoint(resume)
+        agent.load_state_dict(tensors)
+        ts = load_trainer_state(resume)
 
     # ---- RL -------------------------------------------------------------------------------
     ref = copy.deepcopy(agent.policy).eval().requires_grad_(False) if a.kl_coef > 0 else None
+    if ref is not None and ts is not None:
+        ref.load_state_dict(ts["ref"])
     policy_params = [p for p in agent.policy.parameters() if p.requires_grad]
     head_params = list(agent.value_head.parameters())
     params = policy_params + head_params
@@ -314,7 +330,21 @@ def train_lm(
     n_groups = cfg.rollout.episodes // cfg.rollout.group_size
     episodes_done = 0
     skipped_steps = 0  # non-finite steps skipped (and rolled back), over the run
-    for iteration in range(n_iters):
+    start_iteration = 0
+    if ts is not None:
+        opt.load_state_dict(ts["optimizer"])
+        gen.set_state(ts["generator"])
+        rng.bit_generator.state = ts["np_rng"]
+        torch.set_rng_state(ts["torch_rng"])
+        episodes_done, skipped_steps = ts["episodes_done"], ts["skipped_steps"]
+        start_iteration = ts["iteration"]
+        t_start -= ts["elapsed_s"]
+        if run is not None:
+            from tokenergy.runs import read_metrics
+
+            history = [r for r in read_metrics(run.path) if r.get("train/iteration", 0) > 0]
+            evals = [r for r in read_metrics(run.path) if "eval/success" in r]
+    for iteration in range(start_iteration, n_iters):
         t0 = time.perf_counter()
         env_seeds = rng.integers(0, cfg.eval.seed_offset, size=n_groups)
         seeds = [int(s) for s in np.repeat(env_seeds, cfg.rollout.group_size)]
@@ -472,7 +502,22 @@ def train_lm(
                 _write_samples(run, iteration + 1, traj, sc, advantages, tok)
             every = cfg.log.checkpoint_every
             if (every and (iteration + 1) % every == 0) or last:
-                run.save_checkpoint(agent, iteration + 1, {"episodes": episodes_done})
+                trainer_state = {
+                    "iteration": iteration + 1,
+                    "optimizer": opt.state_dict(),
+                    "generator": gen.get_state(),
+                    "np_rng": rng.bit_generator.state,
+                    "torch_rng": torch.get_rng_state(),
+                    "episodes_done": episodes_done,
+                    "skipped_steps": skipped_steps,
+                    "elapsed_s": time.perf_counter() - t_start,
+                    "ref": {k: v.detach().cpu().clone() for k, v in ref.state_dict().items()}
+                    if ref is not None
+                    else None,
+                }
+                run.save_checkpoint(
+                    agent, iteration + 1, {"episodes": episodes_done}, trainer_state
+                )
         if progress is not None:
             progress(iteration + 2, total, episodes_done, row)
 
