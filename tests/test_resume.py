@@ -115,3 +115,40 @@ def test_lm_resume_equals_the_straight_run(tmp_path):
     assert _rows(tmp_path / "crashed") == _rows(tmp_path / "straight")
     assert [r["train/iteration"] for r in result.history] == [1, 2, 3, 4]
     assert (tmp_path / "crashed" / "agent" / "policy" / "config.json").is_file()
+
+
+def test_full_disk_is_a_clear_error_and_leaves_no_half_checkpoint(tmp_path, monkeypatch):
+    import errno
+
+    import pytest
+
+    import tokenergy.runs as runs
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runs, "save_file", full)
+    cfg = small(**{"ppo.total_steps": 4 * 32 * 2, "log.tensorboard": False})
+    with pytest.raises(
+        runs.RunDirError, match=r"cannot write checkpoint .*iter_000002.*No space left"
+    ):
+        run_training(cfg, tmp_path / "r")
+    assert not list((tmp_path / "r" / "checkpoints").iterdir())  # no iter_*, no .tmp-*
+
+
+def test_resume_without_a_checkpoint_or_with_a_corrupt_one(tmp_path):
+    cfg = small(**{"ppo.total_steps": 4 * 32 * 2, "log.tensorboard": False})
+    run_training(cfg, tmp_path / "r")
+    res = subprocess.run(
+        [*CLI, "train", "--resume", str(tmp_path / "nothing")], capture_output=True, text=True
+    )
+    assert res.returncode == 2 and "nothing" in res.stderr and "Traceback" not in res.stderr
+    ckpt = latest_checkpoint(tmp_path / "r")
+    (ckpt / "trainer.pt").write_bytes(b"\x00 not a checkpoint")
+    code = "import sys; sys.path.insert(0, 'tests'); import test_ppo; from tokenergy.cli import main; main()"
+    res = subprocess.run(
+        [sys.executable, "-c", code, "train", "--resume", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+    )
+    assert res.returncode == 2 and "trainer.pt" in res.stderr and "corrupt" in res.stderr

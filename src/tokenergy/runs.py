@@ -99,8 +99,13 @@ class Run:
     def log(self, step: int, metrics: dict[str, float]) -> None:
         """Append one line to metrics.jsonl (flushed at once) and mirror it to TensorBoard."""
         row = {"train/global_step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
-        self._metrics.write(json.dumps(row) + "\n")
-        self._metrics.flush()
+        try:
+            self._metrics.write(json.dumps(row) + "\n")
+            self._metrics.flush()
+        except OSError as err:
+            raise RunDirError(
+                f"cannot write {str(self.path / 'metrics.jsonl')!r}: {err.strerror or err}"
+            ) from None
         if self._tb is not None:
             for k, v in metrics.items():
                 if isinstance(v, (int, float)) and math.isfinite(v):
@@ -124,13 +129,19 @@ class Run:
         tmp = Path(tempfile.mkdtemp(dir=ckpt_root, prefix=".tmp-"))
         # clone: tied weights (embeddings = LM head) share memory, which safetensors refuses
         tensors = {k: v.detach().cpu().clone().contiguous() for k, v in model.state_dict().items()}
-        save_file(tensors, str(tmp / "model.safetensors"))
-        save_config(self.cfg, tmp / "config.yaml")
-        if trainer_state is not None:
-            torch.save(trainer_state, tmp / "trainer.pt")
-        _atomic_write_text(
-            tmp / "state.json", json.dumps({"iteration": iteration, **state}, indent=2)
-        )
+        try:
+            save_file(tensors, str(tmp / "model.safetensors"))
+            save_config(self.cfg, tmp / "config.yaml")
+            if trainer_state is not None:
+                torch.save(trainer_state, tmp / "trainer.pt")
+            _atomic_write_text(
+                tmp / "state.json", json.dumps({"iteration": iteration, **state}, indent=2)
+            )
+        except OSError as err:  # a full disk, say: leave no half-written checkpoint behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise RunDirError(
+                f"cannot write checkpoint {str(final)!r}: {err.strerror or err}"
+            ) from None
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
