@@ -13,7 +13,7 @@ import copy
 
 import torch
 
-__all__ = ["Snapshot", "params_are_finite", "step_is_finite"]
+__all__ = ["Snapshot", "guarded_step", "params_are_finite", "step_is_finite"]
 
 
 def step_is_finite(loss: torch.Tensor, grad_norm: torch.Tensor) -> bool:
@@ -37,3 +37,30 @@ class Snapshot:
     def restore(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
         model.load_state_dict(self.model_state)
         optimizer.load_state_dict(copy.deepcopy(self.optim_state))
+
+
+def guarded_step(
+    loss: torch.Tensor,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    params: list[torch.Tensor],
+    max_grad_norm: float,
+    snapshot: Snapshot,
+) -> torch.Tensor | None:
+    """Backward, clip, and step, unless something is not finite.
+
+    Returns the pre-clip gradient norm, or ``None`` when the step was skipped: the loss or the
+    gradients were not finite (no step taken), or the step left non-finite weights (model and
+    optimizer restored from ``snapshot``).
+    """
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    if not step_is_finite(loss, grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    optimizer.step()
+    if not params_are_finite(model):
+        snapshot.restore(model, optimizer)
+        return None
+    return grad_norm

@@ -51,7 +51,7 @@ from tokenergy.rollout import (
     token_logprobs,
 )
 from tokenergy.runs import Run
-from tokenergy.safety import Snapshot, params_are_finite, step_is_finite
+from tokenergy.safety import Snapshot, guarded_step
 from tokenergy.types import Role
 
 __all__ = [
@@ -432,16 +432,8 @@ def train_lm(
                     )
                     loss = loss + a.kl_coef * kl
                     metrics["kl_loss"] = kl.detach()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, a.max_grad_norm)
-                if not step_is_finite(loss, grad_norm):
-                    opt.zero_grad(set_to_none=True)
-                    skipped_steps += 1
-                    continue
-                opt.step()
-                if not params_are_finite(agent):
-                    snapshot.restore(agent, opt)
+                grad_norm = guarded_step(loss, agent, opt, params, a.max_grad_norm, snapshot)
+                if grad_norm is None:
                     skipped_steps += 1
                     continue
                 metrics["grad_norm"] = grad_norm

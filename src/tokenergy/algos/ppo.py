@@ -35,7 +35,7 @@ from tokenergy.losses import ppo_policy_loss, value_loss
 from tokenergy.models import ActorCritic
 from tokenergy.ops import masked_mean, masked_var
 from tokenergy.runs import Run
-from tokenergy.safety import Snapshot, params_are_finite, step_is_finite
+from tokenergy.safety import Snapshot, guarded_step
 
 __all__ = ["ProgressFn", "TrainResult", "resolve_device", "train_ppo", "weight_scale_at"]
 
@@ -99,7 +99,8 @@ def train_ppo(
     model = ActorCritic(obs_dim, num_actions, cfg.model.hidden_sizes, cfg.model.activation).to(
         device
     )
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.ppo.lr, eps=1e-5)
+    model_params = list(model.parameters())
+    optimizer = torch.optim.Adam(model_params, lr=cfg.ppo.lr, eps=1e-5)
     energy_source = ENERGY_SOURCES.get(cfg.energy.source)
     weighting = WEIGHTINGS.get(cfg.energy.weighting)
 
@@ -246,18 +247,10 @@ def train_ppo(
                 )
                 ent = -(logp_all.exp() * logp_all).sum(-1).mean()
                 loss = pg_loss + cfg.ppo.vf_coef * v_loss - cfg.ppo.ent_coef * ent
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(
-                    model.parameters(), cfg.ppo.max_grad_norm
+                grad_norm = guarded_step(
+                    loss, model, optimizer, model_params, cfg.ppo.max_grad_norm, snapshot
                 )
-                if not step_is_finite(loss, grad_norm):
-                    optimizer.zero_grad(set_to_none=True)
-                    skipped_steps += 1
-                    continue
-                optimizer.step()
-                if not params_are_finite(model):
-                    snapshot.restore(model, optimizer)
+                if grad_norm is None:
                     skipped_steps += 1
                     continue
                 for k, v in {
