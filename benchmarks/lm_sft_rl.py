@@ -3,7 +3,7 @@ GRPO from that same SFT agent; greedy success on the same held-out env seeds bef
 
 Usage: python benchmarks/lm_sft_rl.py [--envs sokoban frozenlake] [--algos ppo grpo]
 [--seeds 3] [--jobs 2] [--out runs/lm-results] [--doc docs/results/lm-sft-rl.md]
-[-- extra tokenergy overrides, e.g. --algo.iterations 20]
+[--report-only] [-- extra tokenergy overrides, e.g. --algo.iterations 20]
 
 Every run is a plain ``tokenergy train`` command (printed as it starts), one torch thread each,
 ``--jobs`` at a time. Writes the table and a curve plot to ``docs/results/``.
@@ -48,6 +48,24 @@ def evals(run_dir: Path) -> list[tuple[int, float]]:
     ]
 
 
+def solver_success(run_dir: Path) -> float:
+    """The scripted solver's success on the run's held-out env seeds (the reference ceiling)."""
+    from tokenergy.config import load_config
+    from tokenergy.envs import make
+
+    cfg = load_config(run_dir / "config.yaml")
+    wins = 0
+    for k in range(cfg.eval.episodes):
+        env = make(cfg.env.name, **cfg.env.kwargs)
+        env.reset(seed=cfg.eval.seed_offset + k)
+        for _ in range(cfg.env.max_turns):
+            *_, term, trunc, info = env.step(env.solver_turn())
+            if term or trunc:
+                wins += bool(info["success"])
+                break
+    return wins / cfg.eval.episodes
+
+
 def mean_std(xs: list[float]) -> str:
     sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
     return f"{statistics.mean(xs):.3f} ± {sd:.3f}"
@@ -61,6 +79,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default="runs/lm-results")
     ap.add_argument("--doc", default="docs/results/lm-sft-rl.md")
+    ap.add_argument(
+        "--report-only", action="store_true", help="rewrite the table and plot from --out"
+    )
     a, extra = ap.parse_known_args()
     extra = [x for x in extra if x != "--"]
     out = Path(a.out)
@@ -88,8 +109,9 @@ def main() -> None:
                 *extra,
             ]
             sft_jobs.append((cmd, d.with_suffix(".log")))
-    with cf.ThreadPoolExecutor(a.jobs) as pool:
-        list(pool.map(lambda j: run(*j), sft_jobs))
+    if not a.report_only:
+        with cf.ThreadPoolExecutor(a.jobs) as pool:
+            list(pool.map(lambda j: run(*j), sft_jobs))
 
     # ---- RL from each SFT agent -------------------------------------------------------------
     rl_jobs = []
@@ -117,15 +139,17 @@ def main() -> None:
                     *extra,
                 ]
                 rl_jobs.append((cmd, d.with_suffix(".log")))
-    with cf.ThreadPoolExecutor(a.jobs) as pool:
-        list(pool.map(lambda j: run(*j), rl_jobs))
+    if not a.report_only:
+        with cf.ThreadPoolExecutor(a.jobs) as pool:
+            list(pool.map(lambda j: run(*j), rl_jobs))
     wall = time.perf_counter() - t0
 
     # ---- greedy success of each SFT start and each RL agent (same held-out seeds) ----------
     greedy: dict[Path, float] = {}
     for d in sorted({p for j in sft_jobs + rl_jobs for p in [Path(j[0][j[0].index("--out") + 1])]}):
         cmd = [*tokenergy(), "eval", str(d), "--temperature", "0"]
-        run(cmd, d.with_suffix(".eval.log"))
+        if not (a.report_only and (d / "eval.json").is_file()):
+            run(cmd, d.with_suffix(".eval.log"))
         greedy[d] = json.loads((d / "eval.json").read_text())["eval/success"]
 
     # ---- table and picture ----------------------------------------------------------------
@@ -136,8 +160,8 @@ def main() -> None:
 
     lines = [
         "| env | algo | success after SFT | after RL | Δ (mean ± std over seeds) | seeds improved "
-        "| greedy: after SFT | greedy: after RL |",
-        "|---|---|---|---|---|---|---|---|",
+        "| greedy: after SFT | greedy: after RL | scripted solver |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     per_seed = []
     fig, axes = plt.subplots(1, len(a.envs), figsize=(5 * len(a.envs), 3.6), squeeze=False)
@@ -159,10 +183,11 @@ def main() -> None:
             g_after = [greedy[out / env / algo / f"seed_{s}"] for s in range(a.seeds)]
             lines.append(
                 f"| {env} | {algo} | {mean_std(before)} | {mean_std(after)} | "
-                f"{mean_std(deltas)} | {better}/{a.seeds} | {mean_std(g_before)} | {mean_std(g_after)} |"
+                f"{mean_std(deltas)} | {better}/{a.seeds} | {mean_std(g_before)} | "
+                f"{mean_std(g_after)} | {solver_success(out / env / algo / 'seed_0'):.3f} |"
             )
             its = [it for it, _ in curves[0]]
-            ys = [[v for _, v in c] for c in curves]
+            ys = [[v - c[0][1] for _, v in c] for c in curves]  # change from the SFT start
             mean = [statistics.mean(col) for col in zip(*ys, strict=True)]
             sd = [statistics.stdev(col) if len(col) > 1 else 0.0 for col in zip(*ys, strict=True)]
             ax.plot(its, mean, color=color, label=algo, marker="o")
@@ -173,9 +198,9 @@ def main() -> None:
                 color=color,
                 alpha=0.2,
             )
-        ax.set_title(f"{env}: held-out success")
+        ax.set_title(f"{env}: held-out success minus the SFT start's")
         ax.set_xlabel("RL iteration (0 = SFT start)")
-        ax.set_ylim(0, 1)
+        ax.axhline(0.0, color="gray", lw=0.8)
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
@@ -183,14 +208,20 @@ def main() -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
     png = doc.with_suffix(".png")
     fig.savefig(png, dpi=110)
-    cmdline = "python benchmarks/lm_sft_rl.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
+    argv = [x for x in sys.argv[1:] if x != "--report-only"]  # the command that made the runs
+    cmdline = "python benchmarks/lm_sft_rl.py " + " ".join(shlex.quote(x) for x in argv)
     text = (
         "# SFT, then PPO / GRPO: held-out success before and after RL\n\n"
         f"- command: `{cmdline.strip()}`\n- machine: {machine()}\n"
         f"- {a.seeds} seeds; each seed's SFT agent is the start of both algorithms; success is "
         "measured on the same held-out env seeds before and after RL, with the config's "
         "evaluation temperature (the curves and the first columns) and greedy (last columns)\n"
-        f"- wall time: {wall / 60:.0f} min, {a.jobs} runs at a time, one torch thread each\n\n"
+        + (
+            ""
+            if a.report_only
+            else f"- wall time: {wall / 60:.0f} min, {a.jobs} runs at a time, one torch thread each\n"
+        )
+        + "\n"
         + "\n".join(lines)
         + f"\n\n![held-out success over RL iterations]({png.name})\n\nPer seed (iteration: success):\n\n"
         + "\n".join(per_seed)
