@@ -93,10 +93,11 @@ def main() -> None:
         for s in range(a.seeds):
             d = out / env / "sft" / f"seed_{s}"
             d.parent.mkdir(parents=True, exist_ok=True)
-            cmd = [
+            cmd = [  # the extra overrides first: SFT-only means 0 RL iterations, whatever they say
                 *tokenergy(),
                 "train",
                 f"configs/{env}-ppo.yaml",
+                *extra,
                 "--seed",
                 str(s),
                 "--algo.iterations",
@@ -106,7 +107,6 @@ def main() -> None:
                 "--overwrite",
                 "--log.progress",
                 "false",
-                *extra,
             ]
             sft_jobs.append((cmd, d.with_suffix(".log")))
     if not a.report_only:
