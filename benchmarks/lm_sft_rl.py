@@ -41,6 +41,12 @@ def run(cmd: list[str], log: Path) -> None:
         raise RuntimeError(f"failed ({res.returncode}); see {log}")
 
 
+def run_all(jobs: list[tuple[list[str], Path]], n: int) -> None:
+    """Run the ``(command, log)`` jobs, ``n`` at a time; the first failure stops the script."""
+    with cf.ThreadPoolExecutor(n) as pool:
+        list(pool.map(lambda j: run(*j), jobs))
+
+
 def evals(run_dir: Path) -> list[tuple[int, float]]:
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if x]
     return [
@@ -110,8 +116,7 @@ def main() -> None:
             ]
             sft_jobs.append((cmd, d.with_suffix(".log")))
     if not a.report_only:
-        with cf.ThreadPoolExecutor(a.jobs) as pool:
-            list(pool.map(lambda j: run(*j), sft_jobs))
+        run_all(sft_jobs, a.jobs)
 
     # ---- RL from each SFT agent -------------------------------------------------------------
     rl_jobs = []
@@ -140,8 +145,7 @@ def main() -> None:
                 ]
                 rl_jobs.append((cmd, d.with_suffix(".log")))
     if not a.report_only:
-        with cf.ThreadPoolExecutor(a.jobs) as pool:
-            list(pool.map(lambda j: run(*j), rl_jobs))
+        run_all(rl_jobs, a.jobs)
     wall = time.perf_counter() - t0
 
     # ---- greedy success of each SFT start and each RL agent (same held-out seeds) ----------
