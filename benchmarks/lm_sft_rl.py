@@ -93,57 +93,37 @@ def main() -> None:
     out = Path(a.out)
     t0 = time.perf_counter()
 
-    # ---- SFT once per env and seed --------------------------------------------------------
-    sft_jobs = []
-    for env in a.envs:
-        for s in range(a.seeds):
-            d = out / env / "sft" / f"seed_{s}"
-            d.parent.mkdir(parents=True, exist_ok=True)
-            cmd = [  # the extra overrides first: SFT-only means 0 RL iterations, whatever they say
-                *tokenergy(),
-                "train",
-                f"configs/{env}-ppo.yaml",
-                *extra,
-                "--seed",
-                str(s),
-                "--algo.iterations",
-                "0",
-                "--out",
-                str(d),
-                "--overwrite",
-                "--log.progress",
-                "false",
-            ]
-            sft_jobs.append((cmd, d.with_suffix(".log")))
+    def job(preset: str, d: Path, seed: int, *fixed: str) -> tuple[list[str], Path]:
+        # The extra overrides come first, so the script's own settings win over them.
+        d.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [*tokenergy(), "train", f"configs/{preset}.yaml", *extra, "--seed", str(seed),
+               *fixed, "--out", str(d), "--overwrite", "--log.progress", "false"]  # fmt: skip
+        return cmd, d.with_suffix(".log")
+
+    # ---- SFT once per env and seed (0 RL iterations) -----------------------------------------
+    sft_jobs = [
+        job(f"{env}-ppo", out / env / "sft" / f"seed_{s}", s, "--algo.iterations", "0")
+        for env in a.envs
+        for s in range(a.seeds)
+    ]
     if not a.report_only:
         run_all(sft_jobs, a.jobs)
 
     # ---- RL from each SFT agent -------------------------------------------------------------
-    rl_jobs = []
-    for env in a.envs:
-        for algo in a.algos:
-            for s in range(a.seeds):
-                d = out / env / algo / f"seed_{s}"
-                d.parent.mkdir(parents=True, exist_ok=True)
-                start = out / env / "sft" / f"seed_{s}" / "agent"
-                cmd = [
-                    *tokenergy(),
-                    "train",
-                    f"configs/{env}-{algo}.yaml",
-                    "--seed",
-                    str(s),
-                    "--model.path",
-                    str(start),
-                    "--sft.episodes",
-                    "0",
-                    "--out",
-                    str(d),
-                    "--overwrite",
-                    "--log.progress",
-                    "false",
-                    *extra,
-                ]
-                rl_jobs.append((cmd, d.with_suffix(".log")))
+    rl_jobs = [
+        job(
+            f"{env}-{algo}",
+            out / env / algo / f"seed_{s}",
+            s,
+            "--model.path",
+            str(out / env / "sft" / f"seed_{s}" / "agent"),
+            "--sft.episodes",
+            "0",
+        )
+        for env in a.envs
+        for algo in a.algos
+        for s in range(a.seeds)
+    ]
     if not a.report_only:
         run_all(rl_jobs, a.jobs)
     wall = time.perf_counter() - t0
