@@ -26,6 +26,7 @@ __all__ = [
     "EnergyConfig",
     "EnvConfig",
     "EvalConfig",
+    "LMAblationConfig",
     "LMModelConfig",
     "LMRunConfig",
     "LogConfig",
@@ -35,6 +36,7 @@ __all__ = [
     "RunConfig",
     "SFTConfig",
     "TextEnvConfig",
+    "TokenEnergyConfig",
     "apply_overrides",
     "config_class",
     "config_from_dict",
@@ -479,6 +481,93 @@ class AlgoConfig:
 
 
 @dataclass
+class TokenEnergyConfig:
+    """Per-token energy for LM agents and its uses: loss weights, shaped reward, prior."""
+
+    source: str = _f(
+        "ref_surprisal",
+        "token energy source: ref_surprisal, surprisal, entropy, free_energy, kl_ref, "
+        "ngram_repeat, discriminator, advantage, uncertainty",
+    )
+    weighting: str = _f(
+        "none", "loss weighting: none, actfocus, bottleneck (z-score) or top_entropy"
+    )
+    shuffle: bool = _f(
+        False, "control: permute the weights among tokens of the same role, dropping the energy"
+    )
+    alpha: float = _f(0.5, "actfocus: weight of reasoning tokens")
+    lam: float = _f(0.5, "actfocus: redistribution strength in [0, 1]")
+    lam_final: float | None = _f(
+        None, "actfocus: lam at the end of the run (linear); null keeps it"
+    )
+    tau: float = _f(1.0, "actfocus: softmax temperature over the action tokens' energy")
+    format_weight: float = _f(1.0, "actfocus: weight of tag tokens")
+    threshold_std: float = _f(1.5, "bottleneck: z-score above which a token is a bottleneck")
+    weight_scale: float = _f(2.0, "bottleneck: weight of a bottleneck token")
+    weight_scale_final: float | None = _f(
+        None, "bottleneck: weight_scale at the end of the run (linear); null keeps it"
+    )
+    smooth: bool = _f(False, "bottleneck: sigmoid ramp instead of a hard step")
+    top_rho: float = _f(0.2, "top_entropy: kept fraction of the trained tokens")
+    reward_beta: float = _f(0.0, "shaped reward r_t - beta * standardized(E_t); 0 turns it off")
+    prior_beta: float = _f(
+        0.0, "prior: weight of KL(pi || pi_E), pi_E = softmax(log pi_ref / prior_tau); 0 is off"
+    )
+    prior_tau: float = _f(1.0, "prior temperature")
+    beta_patience: int = _f(
+        0,
+        "beta controller: halve reward_beta and prior_beta after this many evaluations "
+        "without a new best eval/success; 0 turns it off",
+    )
+    warmup_iters: int = _f(0, "RL iterations trained without weights, shaping or prior")
+    beta: float = _f(5.0, "advantage source sharpness: E = sigmoid(-beta * A)")
+    ngram: int = _f(3, "ngram_repeat: n-gram length")
+    window: int = _f(4, "discriminator / uncertainty: tokens of context they read")
+
+    def __post_init__(self) -> None:
+        from tokenergy.energy import TOKEN_ENERGIES, TOKEN_WEIGHTINGS
+
+        _check(self.source in TOKEN_ENERGIES, "source", TOKEN_ENERGIES.unknown_message(self.source))
+        _check(
+            self.weighting in TOKEN_WEIGHTINGS,
+            "weighting",
+            TOKEN_WEIGHTINGS.unknown_message(self.weighting),
+        )
+        _in_range(self.alpha, "alpha", 0.0, None)
+        # Outside [0, 1] ActFocus weights can turn negative (lam > 1) or stop summing to N_a.
+        _in_range(self.lam, "lam", 0.0, 1.0)
+        if self.lam_final is not None:
+            _in_range(self.lam_final, "lam_final", 0.0, 1.0)
+        _in_range(self.tau, "tau", 0.0, None, lo_open=True)
+        _in_range(self.format_weight, "format_weight", 0.0, None)
+        _in_range(self.weight_scale, "weight_scale", 0.0, None)
+        if self.weight_scale_final is not None:
+            _in_range(self.weight_scale_final, "weight_scale_final", 0.0, None)
+        _in_range(self.top_rho, "top_rho", 0.0, 1.0, lo_open=True)
+        _in_range(self.reward_beta, "reward_beta", 0.0, None)
+        _in_range(self.prior_beta, "prior_beta", 0.0, None)
+        _in_range(self.prior_tau, "prior_tau", 0.0, None, lo_open=True)
+        _in_range(self.beta_patience, "beta_patience", 0, None)
+        _in_range(self.warmup_iters, "warmup_iters", 0, None)
+        _in_range(self.beta, "beta", 0.0, None, lo_open=True)
+        _in_range(self.ngram, "ngram", 1, None)
+        _in_range(self.window, "window", 1, None)
+        if self.shuffle and self.weighting == "none":
+            raise ConfigError(
+                "shuffle", "shuffling uniform weights changes nothing; set energy.weighting too"
+            )
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.source in ("ref_surprisal", "kl_ref") or self.prior_beta > 0
+
+    @property
+    def active(self) -> bool:
+        """Whether the energy is used at all (otherwise it is only logged)."""
+        return self.weighting != "none" or self.reward_beta > 0 or self.prior_beta > 0
+
+
+@dataclass
 class EvalConfig:
     """Held-out evaluation: env seeds the training never sees."""
 
@@ -486,12 +575,56 @@ class EvalConfig:
     every: int = _f(10, "RL iterations between evaluations (and one at the start and end)")
     seed_offset: int = _f(1_000_000, "held-out env seeds start here (training seeds stay below)")
     temperature: float = _f(0.0, "sampling temperature of evaluation; 0 is greedy")
+    diagnose_seeds: int = _f(
+        0, "action-bottleneck diagnostic at each evaluation: env seeds (0 turns it off)"
+    )
+    diagnose_group: int = _f(8, "action-bottleneck diagnostic: rollouts per env seed")
 
     def __post_init__(self) -> None:
         _in_range(self.episodes, "episodes", 1, None)
         _in_range(self.every, "every", 1, None)
         _in_range(self.seed_offset, "seed_offset", 0, None)
         _in_range(self.temperature, "temperature", 0.0, None)
+        _in_range(self.diagnose_seeds, "diagnose_seeds", 0, None)
+        _in_range(self.diagnose_group, "diagnose_group", 2, None)
+
+
+def _default_lm_variants() -> dict:
+    return {
+        "ppo": {"energy.weighting": "none"},
+        "actfocus": {"energy.weighting": "actfocus"},
+    }
+
+
+@dataclass
+class LMAblationConfig:
+    """Variants (and environments) compared by ``tokenergy ablate`` for LM agents."""
+
+    variants: dict = field(
+        default_factory=_default_lm_variants,
+        metadata={"help": "name -> overrides applied to the base config"},
+    )
+    envs: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "env label -> overrides (env.name, env.kwargs, ...); empty: the base env only"
+        },
+    )
+    metric: str = _f("eval/success", "metric whose final value the table reports")
+
+    def __post_init__(self) -> None:
+        _check(
+            isinstance(self.variants, dict) and len(self.variants) > 0,
+            "variants",
+            "must map at least one variant name to a dict of overrides",
+        )
+        for section, table in (("variants", self.variants), ("envs", self.envs)):
+            for name, overrides in table.items():
+                _check(
+                    isinstance(overrides, dict),
+                    f"{section}.{name}",
+                    "must be a dict of 'section.field: value'",
+                )
 
 
 @dataclass
@@ -507,8 +640,14 @@ class LMRunConfig:
     sft: SFTConfig = field(default_factory=SFTConfig, metadata={"help": "SFT warm start"})
     rollout: RolloutConfig = field(default_factory=RolloutConfig, metadata={"help": "sampling"})
     algo: AlgoConfig = field(default_factory=AlgoConfig, metadata={"help": "RL algorithm"})
+    energy: TokenEnergyConfig = field(
+        default_factory=TokenEnergyConfig, metadata={"help": "per-token energy and its uses"}
+    )
     eval: EvalConfig = field(default_factory=EvalConfig, metadata={"help": "evaluation"})
     log: LogConfig = field(default_factory=LogConfig, metadata={"help": "logging and checkpoints"})
+    ablation: LMAblationConfig = field(
+        default_factory=LMAblationConfig, metadata={"help": "ablation"}
+    )
 
     def __post_init__(self) -> None:
         _check_run_fields(self, "lm")
@@ -653,6 +792,10 @@ def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     as a whole, so incompatible combinations are caught too.
     """
     data = config_to_dict(cfg)
+    env = data.get("env")
+    new_env = {k.replace("-", "_"): v for k, v in overrides.items()}.get("env.name")
+    if isinstance(env, dict) and "kwargs" in env and new_env not in (None, env.get("name")):
+        env["kwargs"] = {}  # the arguments belonged to the other environment
     for dotted, value in overrides.items():
         parts = [p.replace("-", "_") for p in dotted.split(".")]
         node: Any = data

@@ -8,10 +8,17 @@ Two registries make them plug-ins referred to by name in configs:
 
 - ``ENERGY_SOURCES``: ``fn(inputs: EnergyInputs, cfg) -> energy [B, T]``
 - ``WEIGHTINGS``: ``fn(energy, mask, cfg) -> (weights [B, T], bottleneck [B, T] bool)``
+
+and two more for token-level (language-model) agents, whose tokens carry a
+:class:`~tokenergy.types.Role`:
+
+- ``TOKEN_ENERGIES``: ``fn(inputs: TokenEnergyInputs, cfg) -> energy [B, T]``
+- ``TOKEN_WEIGHTINGS``: ``fn(energy, roles, mask, cfg) -> weights [B, T]``
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,17 +27,28 @@ import torch
 
 from tokenergy.ops import masked_mean, masked_var
 from tokenergy.registry import Registry
+from tokenergy.types import Role
 
 __all__ = [
     "ENERGY_SOURCES",
+    "TOKEN_ENERGIES",
+    "TOKEN_WEIGHTINGS",
     "WEIGHTINGS",
     "EnergyInputs",
+    "TokenEnergyInputs",
+    "actfocus_weights",
     "advantage_energy",
     "bottleneck_weights",
+    "energy_prior_kl",
     "entropy",
     "free_energy",
+    "kl_full",
+    "ngram_repeat",
+    "shaped_rewards",
+    "shuffle_within_roles",
     "shuffled_weights",
     "surprisal",
+    "top_fraction_weights",
     "zscore",
 ]
 
@@ -148,6 +166,207 @@ def shuffled_weights(
     return out.view_as(weights)
 
 
+@torch.no_grad()
+def kl_full(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+    """Exact per-position ``KL(π_θ ‖ π_ref) = Σ_v π_θ(v) (log π_θ(v) - log π_ref(v))``.
+
+    Unlike the sampled estimators of :func:`tokenergy.losses.kl_estimate` this reads the whole
+    next-token distribution, so it is never negative and does not depend on the taken token.
+
+    Args:
+        logits: ``[B, T, V]`` policy logits.
+        ref_logits: ``[B, T, V]`` reference logits.
+
+    Returns:
+        ``[B, T]``.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    logq = torch.log_softmax(ref_logits.float(), dim=-1)
+    return (logp.exp() * (logp - logq)).sum(-1)
+
+
+@torch.no_grad()
+def ngram_repeat(tokens: torch.Tensor, mask: torch.Tensor, n: int = 3) -> torch.Tensor:
+    """1 where the ``n``-gram ending at a trained token already occurred earlier in its row.
+
+    A cheap rule-based energy for degenerate loops ("Up Up Up …", a scratchpad copied turn
+    after turn): the n-gram ``tokens[t-n+1 : t+1]`` is compared with every earlier n-gram of
+    the same trajectory (observation text included, so repeating the environment is caught
+    too). Positions with fewer than ``n`` tokens before them, and untrained positions, are 0.
+
+    Args:
+        tokens: ``[B, T]`` int64.
+        mask: ``[B, T]`` bool, the trained tokens.
+        n: n-gram length, ``>= 1``.
+
+    Returns:
+        ``[B, T]`` float in ``{0, 1}``.
+    """
+    if n < 1:
+        raise ValueError(f"ngram_repeat: n must be >= 1, got {n}")
+    b, t = tokens.shape
+    out = torch.zeros(b, t, dtype=torch.float32, device=tokens.device)
+    if t < n:
+        return out
+    grams = tokens.unfold(1, n, 1)  # (B, T-n+1, n): gram j ends at token j+n-1
+    same = (grams[:, :, None, :] == grams[:, None, :, :]).all(-1)  # (B, G, G)
+    earlier = torch.ones(same.shape[1:], dtype=torch.bool, device=tokens.device).tril(-1)
+    seen = (same & earlier).any(-1)  # gram j equals some earlier gram
+    out[:, n - 1 :] = seen.float()
+    return out * mask.float()
+
+
+def _role_masks(roles: torch.Tensor, mask: torch.Tensor) -> dict[Role, torch.Tensor]:
+    m = mask.bool()
+    return {r: (roles == int(r)) & m for r in (Role.REASONING, Role.ACTION, Role.FORMAT)}
+
+
+@torch.no_grad()
+def actfocus_weights(
+    roles: torch.Tensor,
+    energy: torch.Tensor,
+    mask: torch.Tensor,
+    alpha: float,
+    lam: float,
+    tau: float,
+    format_weight: float = 1.0,
+) -> torch.Tensor:
+    """ActFocus per-token loss weights (He et al., arXiv:2605.14558).
+
+    Base weight ``w0``: ``alpha`` on reasoning tokens, 1 on action tokens, ``format_weight`` on
+    format tokens, 0 outside ``mask``. Over the ``N_a`` action tokens of the whole batch,
+    ``s = softmax(energy / tau)`` (those tokens only) and an action token gets
+    ``w = w0 * (1 + lam * (N_a * s - 1))``; every other token keeps ``w0``. For
+    ``0 <= lam <= 1`` the weights stay non-negative and their mean over action tokens is 1:
+    the redistribution moves weight between action tokens, toward the uncertain
+    (high-energy) ones, without changing the total. ``lam = 0`` is reasoning down-weighting
+    alone; ``alpha = 1`` is redistribution alone.
+
+    Args:
+        roles: ``[B, T]`` :class:`~tokenergy.types.Role` values.
+        energy: ``[B, T]``.
+        mask: ``[B, T]`` bool, the trained tokens.
+        alpha: reasoning-token weight.
+        lam: redistribution strength.
+        tau: softmax temperature, ``> 0``; large ``tau`` flattens ``s`` toward uniform.
+        format_weight: weight of the tag tokens.
+
+    Returns:
+        ``[B, T]`` weights.
+    """
+    if tau <= 0:
+        raise ValueError(f"actfocus_weights: tau must be > 0, got {tau}")
+    masks = _role_masks(roles, mask)
+    w = torch.zeros_like(energy, dtype=torch.float32)
+    w[masks[Role.REASONING]] = float(alpha)
+    w[masks[Role.FORMAT]] = float(format_weight)
+    act = masks[Role.ACTION]
+    n_a = int(act.sum())
+    if n_a:
+        s = torch.softmax(energy[act].float() / tau, dim=0)
+        w[act] = 1.0 + lam * (n_a * s - 1.0)
+    return w
+
+
+@torch.no_grad()
+def top_fraction_weights(energy: torch.Tensor, mask: torch.Tensor, rho: float) -> torch.Tensor:
+    """Keep the ``ceil(rho * N)`` highest-energy trained tokens of the batch, drop the rest.
+
+    With the entropy as energy this is the "high-entropy minority" update of Wang et al.,
+    *Beyond the 80/20 rule* (arXiv:2506.01939). Kept tokens get weight ``1 / rho`` so the
+    mean weight over trained tokens stays 1 (the same step size as no weighting).
+
+    Args:
+        energy: ``[B, T]``.
+        mask: ``[B, T]`` bool.
+        rho: kept fraction in ``(0, 1]``.
+
+    Returns:
+        ``[B, T]`` weights.
+    """
+    if not 0.0 < rho <= 1.0:
+        raise ValueError(f"top_fraction_weights: rho must be in (0, 1], got {rho}")
+    m = mask.bool()
+    w = torch.zeros_like(energy, dtype=torch.float32)
+    n = int(m.sum())
+    if n == 0:
+        return w
+    k = max(1, math.ceil(rho * n))
+    vals = energy[m].float()
+    kept = torch.zeros(n, dtype=torch.bool, device=energy.device)
+    kept[torch.topk(vals, k).indices] = True
+    w[m] = kept.float() * (n / k)
+    return w
+
+
+@torch.no_grad()
+def shuffle_within_roles(
+    weights: torch.Tensor,
+    roles: torch.Tensor,
+    mask: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """The control of a token weighting: permute its weights among trained tokens of one role.
+
+    Reasoning weights stay on reasoning tokens and action weights on action tokens (so
+    reasoning down-weighting survives); what is lost is *which* token of a role got more.
+    """
+    out = weights.clone()
+    for m in _role_masks(roles, mask).values():
+        out = torch.where(m, shuffled_weights(out, m, generator), out)
+    return out
+
+
+@torch.no_grad()
+def shaped_rewards(
+    rewards: torch.Tensor,
+    energy: torch.Tensor,
+    roles: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    shaped_roles: tuple[Role, ...] = (Role.REASONING, Role.ACTION),
+) -> torch.Tensor:
+    """``r_t - beta * standardized(E_t)`` on the trained tokens of ``shaped_roles``.
+
+    The energy is standardised (mean 0, std 1) over those tokens of the batch, so ``beta`` is
+    in units of reward per standard deviation of energy and the shaping sums to ~0 over the
+    batch. Other tokens keep their reward.
+    """
+    m = mask.bool() & torch.isin(roles, torch.tensor([int(r) for r in shaped_roles]))
+    if not bool(m.any()):
+        return rewards.clone()
+    return rewards - beta * zscore(energy.float(), m) * m.float()
+
+
+def energy_prior_kl(
+    logits: torch.Tensor,
+    vocab_energy: torch.Tensor,
+    mask: torch.Tensor,
+    tau: float = 1.0,
+) -> torch.Tensor:
+    """Energy as a prior: token-mean ``KL(π_θ(·|s) ‖ π_E(·|s))`` with ``π_E ∝ exp(-E / tau)``.
+
+    ``vocab_energy [B, T, V]`` scores every vocabulary entry at each position (by default
+    the reference surprisal ``-log π_ref(v|s)``, which makes ``π_E`` a softened reference:
+    ``π_ref^{1/tau}``, renormalised). Gradient flows into ``logits`` only.
+
+    Args:
+        logits: ``[B, T, V]`` policy logits (with gradient).
+        vocab_energy: ``[B, T, V]``, treated as a constant.
+        mask: ``[B, T]`` bool.
+        tau: prior temperature, ``> 0``.
+
+    Returns:
+        0-dim loss.
+    """
+    if tau <= 0:
+        raise ValueError(f"energy_prior_kl: tau must be > 0, got {tau}")
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    log_prior = torch.log_softmax(-vocab_energy.detach().float() / tau, dim=-1)
+    kl = (logp.exp() * (logp - log_prior)).sum(-1)
+    return masked_mean(kl, mask)
+
+
 # --------------------------------------------------------------------------- registries
 
 
@@ -211,3 +430,104 @@ def _bottleneck_weighting(energy: torch.Tensor, mask: torch.Tensor, cfg: Any):
     z = zscore(energy, mask)
     w = bottleneck_weights(energy, mask, cfg.threshold_std, cfg.weight_scale, cfg.smooth)
     return w, (z > cfg.threshold_std) & mask.bool()
+
+
+# --------------------------------------------------------------------------- token-level
+
+
+@dataclass
+class TokenEnergyInputs:
+    """What a token-level energy source may read; all ``[B, T]`` and aligned with the tokens
+    (position ``t`` describes the choice of token ``t``). Fields a run cannot provide stay
+    ``None`` and a source that needs one says so.
+    """
+
+    tokens: torch.Tensor  # (B, T) int64
+    roles: torch.Tensor  # (B, T) Role values
+    mask: torch.Tensor  # (B, T) bool, the trained tokens
+    logprobs: torch.Tensor | None = None  # log π_θ(token) at rollout time
+    ref_logprobs: torch.Tensor | None = None  # log π_ref(token)
+    entropy: torch.Tensor | None = None  # H(π_θ(·|s_t))
+    free_energy: torch.Tensor | None = None  # -logsumexp(logits_t)
+    kl_ref: torch.Tensor | None = None  # exact KL(π_θ‖π_ref)(s_t)
+    advantages: torch.Tensor | None = None  # whitened advantages
+    learned: Any = None  # a learned energy model (discriminator, ensemble) with .energy(inputs)
+
+
+TokenEnergy = Callable[[TokenEnergyInputs, Any], torch.Tensor]
+TokenWeighting = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], torch.Tensor]
+
+TOKEN_ENERGIES: Registry[TokenEnergy] = Registry("token energy source")
+TOKEN_WEIGHTINGS: Registry[TokenWeighting] = Registry("token weighting")
+
+
+def _needs(inputs: TokenEnergyInputs, field: str, source: str, hint: str = "") -> torch.Tensor:
+    value = getattr(inputs, field)
+    if value is None:
+        raise ValueError(f"energy source {source!r} needs {field!r}{hint}")
+    return value
+
+
+@TOKEN_ENERGIES.register("ref_surprisal")
+def _ref_surprisal(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    return -_needs(inputs, "ref_logprobs", "ref_surprisal", " (a frozen reference)")
+
+
+@TOKEN_ENERGIES.register("surprisal")
+def _policy_surprisal(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    return -_needs(inputs, "logprobs", "surprisal")
+
+
+@TOKEN_ENERGIES.register("entropy")
+def _token_entropy(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    return _needs(inputs, "entropy", "entropy")
+
+
+@TOKEN_ENERGIES.register("free_energy")
+def _token_free_energy(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    return _needs(inputs, "free_energy", "free_energy")
+
+
+@TOKEN_ENERGIES.register("kl_ref")
+def _token_kl_ref(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    return _needs(inputs, "kl_ref", "kl_ref", " (a frozen reference)")
+
+
+@TOKEN_ENERGIES.register("ngram_repeat")
+def _token_ngram(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    return ngram_repeat(inputs.tokens, inputs.mask, cfg.ngram)
+
+
+@TOKEN_ENERGIES.register("advantage")
+def _token_advantage(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    return advantage_energy(_needs(inputs, "advantages", "advantage"), cfg.beta)
+
+
+@TOKEN_ENERGIES.register("discriminator")
+def _token_discriminator(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    return _needs(inputs, "learned", "discriminator", " (its trained model)").energy(inputs)
+
+
+@TOKEN_ENERGIES.register("uncertainty")
+def _token_uncertainty(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    return _needs(inputs, "learned", "uncertainty", " (its trained ensemble)").energy(inputs)
+
+
+@TOKEN_WEIGHTINGS.register("none")
+def _token_none(energy, roles, mask, cfg) -> torch.Tensor:
+    return mask.float()
+
+
+@TOKEN_WEIGHTINGS.register("actfocus")
+def _token_actfocus(energy, roles, mask, cfg) -> torch.Tensor:
+    return actfocus_weights(roles, energy, mask, cfg.alpha, cfg.lam, cfg.tau, cfg.format_weight)
+
+
+@TOKEN_WEIGHTINGS.register("bottleneck")
+def _token_bottleneck(energy, roles, mask, cfg) -> torch.Tensor:
+    return bottleneck_weights(energy, mask, cfg.threshold_std, cfg.weight_scale, cfg.smooth)
+
+
+@TOKEN_WEIGHTINGS.register("top_entropy")
+def _token_top(energy, roles, mask, cfg) -> torch.Tensor:
+    return top_fraction_weights(energy, mask, cfg.top_rho)

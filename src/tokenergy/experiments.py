@@ -31,7 +31,7 @@ from tokenergy.algos.ppo import train_ppo
 from tokenergy.config import RunConfig, apply_overrides, config_to_dict
 from tokenergy.runs import Run, latest_checkpoint, prepare_run_dir
 
-__all__ = ["RunSpec", "plan_ablation", "run_ablation", "run_training"]
+__all__ = ["RunSpec", "plan_ablation", "plan_lm_ablation", "run_ablation", "run_training"]
 
 
 def _progress_bar(console: Console | None = None) -> Progress:
@@ -137,6 +137,58 @@ def plan_ablation(base: RunConfig, seeds: int, out: str | Path) -> list[RunSpec]
     return specs
 
 
+def plan_lm_ablation(base: Any, seeds: int, out: str | Path) -> tuple[list[RunSpec], list[RunSpec]]:
+    """The SFT runs (one per env and seed) and the RL runs (per env, variant and seed) of an
+    LM ablation. Every variant of an env and seed starts from the same SFT agent, so the
+    variants differ only in the RL phase: ``<out>/<env>/sft/seed_<k>`` and
+    ``<out>/<env>/<variant>/seed_<k>``.
+    """
+    if seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {seeds}")
+    envs = base.ablation.envs or {base.env.name: {}}
+    reserved = {"sft"} & set(base.ablation.variants)
+    if reserved:
+        raise ValueError("ablation.variants: 'sft' names the shared SFT runs; rename it")
+    sft_specs, rl_specs = [], []
+    for env_label, env_overrides in envs.items():
+        env_base = apply_overrides(base, env_overrides)
+        for k in range(seeds):
+            seed = base.seed + k
+            sft_out = Path(out) / env_label / "sft" / f"seed_{k}"
+            sft_cfg = apply_overrides(
+                env_base,
+                {
+                    "seed": seed,
+                    "name": f"{env_label}-sft-s{k}",
+                    "algo.iterations": 0,
+                    "log.progress": False,
+                },
+            )
+            sft_specs.append(RunSpec(f"{env_label}/sft", seed, sft_cfg, sft_out))
+            for variant, overrides in base.ablation.variants.items():
+                cfg = apply_overrides(
+                    env_base,
+                    {
+                        **overrides,
+                        "seed": seed,
+                        "name": f"{env_label}-{variant}-s{k}",
+                        "model.path": str(sft_out / "agent"),
+                        "model.pretrained": None,
+                        "sft.episodes": 0,
+                        "log.progress": False,
+                    },
+                )
+                rl_specs.append(
+                    RunSpec(
+                        f"{env_label}/{variant}",
+                        seed,
+                        cfg,
+                        Path(out) / env_label / variant / f"seed_{k}",
+                    )
+                )
+    return sft_specs, rl_specs
+
+
 def _worker(spec: RunSpec, q: Any) -> str:
     torch.set_num_threads(1)  # one core per run; parallelism comes from the processes
 
@@ -157,19 +209,25 @@ def run_ablation(
     overwrite: bool = False,
     console: Console | None = None,
 ) -> list[RunSpec]:
-    """Train every variant over ``seeds`` seeds into ``out``; returns the specs that ran."""
-    specs = plan_ablation(base, seeds, out)
+    """Train every variant over ``seeds`` seeds into ``out``; returns the specs that ran.
+
+    An LM ablation runs in two phases: the shared SFT runs, then the RL runs from them.
+    """
+    lm = getattr(base, "kind", "vector") == "lm"
+    phases = list(plan_lm_ablation(base, seeds, out)) if lm else [plan_ablation(base, seeds, out)]
     root = prepare_run_dir(out, overwrite)
+    meta = {"seeds": seeds, "variants": list(base.ablation.variants)}
+    if lm:
+        meta["envs"] = list(base.ablation.envs or {base.env.name: {}})
     (root / "ablation.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "seeds": seeds,
-                "variants": list(base.ablation.variants),
-                "base": config_to_dict(base),
-            },
-            sort_keys=False,
-        )
+        yaml.safe_dump({**meta, "base": config_to_dict(base)}, sort_keys=False)
     )
+    for specs in phases:
+        _run_specs(specs, jobs, console)
+    return [s for specs in phases for s in specs]
+
+
+def _run_specs(specs: list[RunSpec], jobs: int, console: Console | None) -> None:
     with _progress_bar(console) as bar:
         tasks = {
             s.label: bar.add_task(s.label, total=_trainer(s.cfg)[1], status="queued") for s in specs
@@ -202,7 +260,6 @@ def run_ablation(
                         for fut in done:
                             fut.result()  # re-raise a worker's error here
                     drain(q)
-    return specs
 
 
 class _Immediate:

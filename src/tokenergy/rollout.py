@@ -386,6 +386,8 @@ class Scored:
     values: torch.Tensor  # (B, T)
     bootstrap: torch.Tensor  # (B,) value after the last real token (the final observation)
     entropy: torch.Tensor  # (B, T) policy entropy at each token's position
+    free_energy: torch.Tensor | None = None  # (B, T) -logsumexp of the policy logits there
+    kl_ref: torch.Tensor | None = None  # (B, T) exact KL(π_θ‖π_ref) there, with a reference
     logits: torch.Tensor | None = None  # (B, T, V) shifted like logprobs, when kept
 
 
@@ -397,11 +399,19 @@ def score(
     batch_size: int = 16,
     keep_logits: bool = False,
 ) -> Scored:
-    """One full forward pass (in chunks of ``batch_size`` rows) of the agent and the reference."""
+    """One full forward pass (in chunks of ``batch_size`` rows) of the agent and the reference.
+
+    Besides what the update needs it keeps the per-token quantities energy sources read
+    (entropy, free energy, exact KL to the reference), all shifted to the chosen token.
+    """
     device = agent.device
     parts: dict[str, list[torch.Tensor]] = {
-        k: [] for k in ("logprobs", "ref", "values", "boot", "entropy", "logits")
+        k: [] for k in ("logprobs", "ref", "values", "boot", "entropy", "logits", "free", "kl")
     }
+
+    def shifted(x: torch.Tensor) -> torch.Tensor:  # (b, T): position t describes token t
+        return torch.cat([x.new_zeros(x.shape[0], 1), x[:, :-1]], 1).cpu()
+
     for start in range(0, traj.batch_size, batch_size):
         rows = slice(start, start + batch_size)
         tokens = traj.tokens[rows].to(device)
@@ -410,7 +420,8 @@ def score(
         parts["logprobs"].append(token_logprobs(out.logits, tokens).cpu())
         logp = torch.log_softmax(out.logits.float(), dim=-1)
         ent = -(logp.exp() * logp).sum(-1)  # (b, T) at the predicting position
-        parts["entropy"].append(torch.cat([ent.new_zeros(ent.shape[0], 1), ent[:, :-1]], 1).cpu())
+        parts["entropy"].append(shifted(ent))
+        parts["free"].append(shifted(-torch.logsumexp(out.logits.float(), -1)))
         v = out.values.float()
         parts["values"].append(torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], 1).cpu())
         last = traj.last_index[rows].to(device)
@@ -421,6 +432,8 @@ def score(
         if ref is not None:
             ref_logits = ref(input_ids=tokens, attention_mask=attn, use_cache=False).logits
             parts["ref"].append(token_logprobs(ref_logits, tokens).cpu())
+            ref_logp = torch.log_softmax(ref_logits.float(), dim=-1)
+            parts["kl"].append(shifted((logp.exp() * (logp - ref_logp)).sum(-1)))
     logprobs = torch.cat(parts["logprobs"])
     return Scored(
         logprobs=logprobs,
@@ -428,5 +441,7 @@ def score(
         values=torch.cat(parts["values"]),
         bootstrap=torch.cat(parts["boot"]),
         entropy=torch.cat(parts["entropy"]),
+        free_energy=torch.cat(parts["free"]),
+        kl_ref=torch.cat(parts["kl"]) if ref is not None else None,
         logits=torch.cat(parts["logits"]) if keep_logits else None,
     )

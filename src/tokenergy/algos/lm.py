@@ -3,7 +3,9 @@
 The loop reads top to bottom: (SFT on noisy solver episodes) → freeze a reference copy →
 per iteration: rollout → score (log-probs, values, reference log-probs, one forward) →
 per-token rewards (KL penalty) → advantages (the algorithm) → epochs of minibatch updates →
-log, evaluate, checkpoint.
+log, evaluate, checkpoint. The per-token energy (``cfg.energy``, :mod:`tokenergy.algos.credit`)
+enters at three places: shaped rewards before the advantages, loss weights in the policy
+loss (ActFocus, z-score bottleneck, top-entropy), and a prior KL term in the loss.
 
 Simplifications, stated once: a minibatch is a set of whole episodes; the loss is the mean over
 the trained tokens of the minibatch (token-mean aggregation); advantages are whitened over
@@ -37,6 +39,7 @@ import torch
 
 from tokenergy.advantages import group_relative, token_gae, whiten
 from tokenergy.config import LMRunConfig
+from tokenergy.energy import energy_prior_kl
 from tokenergy.envs import make
 from tokenergy.envs.text import TextEnv
 from tokenergy.losses import kl_estimate, ppo_policy_loss, value_loss
@@ -236,7 +239,18 @@ def sft(
     return losses
 
 
-def _write_samples(run: Run, iteration: int, traj: Trajectories, sc: Scored, adv, tokenizer, k=2):
+def _write_samples(
+    run: Run,
+    iteration: int,
+    traj: Trajectories,
+    sc: Scored,
+    adv,
+    tokenizer,
+    energy: torch.Tensor,
+    weights: torch.Tensor | None,
+    k: int = 2,
+):
+    w = traj.mask.float() if weights is None else weights
     with open(run.path / "samples.jsonl", "a") as f:
         for i in range(min(k, traj.batch_size)):
             n = int(traj.last_index[i]) + 1
@@ -251,11 +265,24 @@ def _write_samples(run: Run, iteration: int, traj: Trajectories, sc: Scored, adv
                         "roles": traj.roles[i, :n].tolist(),
                         "logprob": [round(x, 4) for x in sc.logprobs[i, :n].tolist()],
                         "advantage": [round(x, 4) for x in adv[i, :n].tolist()],
+                        "energy": [round(x, 4) for x in energy[i, :n].tolist()],
+                        "weight": [round(x, 4) for x in w[i, :n].tolist()],
                         "reward": [round(x, 4) for x in traj.rewards[i, :n].tolist()],
                     }
                 )
                 + "\n"
             )
+
+
+def _diagnose(agent, cfg: LMRunConfig, generator: torch.Generator) -> dict[str, float]:
+    """The action-bottleneck diagnostic's ``diag/*`` metrics, when the config asks for it."""
+    if cfg.eval.diagnose_seeds == 0:
+        return {}
+    from tokenergy.diagnostics import action_bottleneck
+
+    return action_bottleneck(
+        agent, cfg, cfg.eval.diagnose_seeds, cfg.eval.diagnose_group, generator
+    )
 
 
 # --------------------------------------------------------------------------- the loop
@@ -299,12 +326,18 @@ def train_lm(
         if run is not None:
             run.log(step, row)
 
+    from tokenergy.algos.credit import TokenCredit, solver_batch
+
+    credit = TokenCredit(cfg, len(tok))
+    diag_gen = torch.Generator().manual_seed(cfg.seed + 2)
+
     # ---- SFT warm start -------------------------------------------------------------------
     ts: dict[str, Any] | None = None
     if resume is None:
         if cfg.sft.episodes > 0:
             sft(agent, cfg, log=log if run is not None else None)
-        ev = {"train/iteration": 0, **evaluate(agent, cfg)}
+        ev = {"train/iteration": 0, **evaluate(agent, cfg), **_diagnose(agent, cfg, diag_gen)}
+        credit.after_eval(ev["eval/success"])
         evals.append(ev)
         log(0, ev)
         if progress is not None:
@@ -317,7 +350,9 @@ def train_lm(
         ts = load_trainer_state(resume)
 
     # ---- RL -------------------------------------------------------------------------------
-    ref = copy.deepcopy(agent.policy).eval().requires_grad_(False) if a.kl_coef > 0 else None
+    needs_ref = a.kl_coef > 0 or cfg.energy.needs_reference
+    ref = copy.deepcopy(agent.policy).eval().requires_grad_(False) if needs_ref else None
+
     if ref is not None and ts is not None:
         ref.load_state_dict(ts["ref"])
     policy_params = [p for p in agent.policy.parameters() if p.requires_grad]
@@ -337,6 +372,8 @@ def train_lm(
         rng.bit_generator.state = ts["np_rng"]
         torch.set_rng_state(ts["torch_rng"])
         episodes_done, skipped_steps = ts["episodes_done"], ts["skipped_steps"]
+        credit.load_state_dict(ts["credit"])
+        diag_gen.set_state(ts["diag_generator"])
         start_iteration = ts["iteration"]
         t_start -= ts["elapsed_s"]
         if run is not None:
@@ -376,9 +413,19 @@ def train_lm(
         rewards = traj.rewards.clone()
         if a.kl_coef > 0 and a.kl_in == "reward":
             rewards = rewards - a.kl_coef * kl_tok
+        energy = None if credit.needs_advantages else credit.energy(traj, sc)
+        if energy is not None:
+            rewards = credit.shape(rewards, energy, traj, iteration)
         res = advantage_fn(traj, sc, rewards, a)
         advantages = res.advantages
         adv_loss = whiten(advantages, mask) if a.norm_adv else advantages
+        if energy is None:
+            energy = credit.energy(traj, sc, whiten(advantages, mask))
+        weights = credit.weights(energy, traj, iteration, gen)
+        prior_coef = credit.prior_coef(iteration)
+        credit.update_learned(
+            traj, solver_batch(cfg, tok, seeds) if cfg.energy.source == "discriminator" else None
+        )
 
         # ---- update -------------------------------------------------------------------------
         agent.train()
@@ -402,6 +449,7 @@ def train_lm(
                     adv_loss[idx, cols].to(device),
                     mb_mask,
                     a.clip_eps,
+                    weights=None if weights is None else weights[idx, cols].to(device),
                     clip_eps_high=a.clip_eps_high,
                 )
                 loss = pg_loss
@@ -432,6 +480,18 @@ def train_lm(
                     )
                     loss = loss + a.kl_coef * kl
                     metrics["kl_loss"] = kl.detach()
+                if prior_coef > 0:
+                    # pi_E ∝ exp(-E_vocab / tau) with E_vocab = -log pi_ref: a softened reference.
+                    with torch.no_grad():
+                        ref_logits = ref(input_ids=tokens, use_cache=False).logits[:, :-1]
+                    prior = energy_prior_kl(
+                        out.logits[:, :-1],
+                        -torch.log_softmax(ref_logits.float(), -1),
+                        mb_mask[:, 1:],
+                        cfg.energy.prior_tau,
+                    )
+                    loss = loss + prior_coef * prior
+                    metrics["prior_kl"] = prior.detach()
                 grad_norm = guarded_step(loss, agent, opt, params, a.max_grad_norm, snapshot)
                 if grad_norm is None:
                     skipped_steps += 1
@@ -482,16 +542,21 @@ def train_lm(
             row["loss/kl"] = means["kl_loss"]
         if "entropy_bonus" in means:
             row["loss/entropy_bonus"] = means["entropy_bonus"]
+        if "prior_kl" in means:
+            row["loss/prior_kl"] = means["prior_kl"]
+        row.update(credit.metrics(energy, weights, traj, iteration))
         last = iteration + 1 == n_iters
         if (iteration + 1) % cfg.eval.every == 0 or last:
             ev = evaluate(agent, cfg)
+            ev.update(_diagnose(agent, cfg, diag_gen))
             row.update(ev)
             evals.append({"train/iteration": iteration + 1, **ev})
+            credit.after_eval(ev["eval/success"])
         history.append({"train/global_step": episodes_done, **row})
         if run is not None:
             run.log(episodes_done, row)
             if iteration % max(1, n_iters // 10) == 0 or last:
-                _write_samples(run, iteration + 1, traj, sc, advantages, tok)
+                _write_samples(run, iteration + 1, traj, sc, advantages, tok, energy, weights)
             every = cfg.log.checkpoint_every
             if (every and (iteration + 1) % every == 0) or last:
                 trainer_state = {
@@ -502,6 +567,8 @@ def train_lm(
                     "torch_rng": torch.get_rng_state(),
                     "episodes_done": episodes_done,
                     "skipped_steps": skipped_steps,
+                    "credit": credit.state_dict(),
+                    "diag_generator": diag_gen.get_state(),
                     "elapsed_s": time.perf_counter() - t_start,
                     "ref": {k: v.detach().cpu().clone() for k, v in ref.state_dict().items()}
                     if ref is not None
