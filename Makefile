@@ -4,16 +4,21 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow lint format bench smollm2 textworld clean
+.PHONY: demo demo-gridworld test test-slow lint format bench smollm2 textworld clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
 
-## The main job: the bottleneck-gridworld ablation (PPO vs energy-weighted PPO vs shuffled control, 3 seeds).
+## The main job: ActFocus vs PPO on Sokoban (tiny LM agent, SFT start, 2 seeds): a success
+## table, and a report with curves and per-token energy heatmaps in runs/demo/report/.
 demo: $(STAMP)
-	$(VENV)/bin/tokenergy ablate configs/bottleneck.yaml --seeds 3 --out runs/demo --overwrite
+	$(VENV)/bin/tokenergy ablate configs/demo.yaml --seeds 2 --out runs/demo --overwrite
+
+## The earlier main job: the bottleneck gridworld (PPO vs energy-weighted PPO vs shuffled control).
+demo-gridworld: $(STAMP)
+	$(VENV)/bin/tokenergy ablate configs/bottleneck.yaml --seeds 3 --out runs/demo-gridworld --overwrite
 
 ## The default test suite (slow tests excluded).
 test: $(STAMP)

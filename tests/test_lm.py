@@ -43,7 +43,7 @@ def tiny_cfg(**over):
     }
     for dotted, value in over.items():
         sec, key = dotted.split(".")
-        data[sec][key] = value
+        data.setdefault(sec, {})[key] = value
     return config_from_dict(data)
 
 
@@ -345,14 +345,20 @@ def test_every_logged_metric_is_documented(tmp_path):
     from tokenergy.runs import Run
 
     doc = Path(__file__).parent.parent.joinpath("docs", "metrics.md").read_text()
-    cfg = tiny_cfg(
-        **{"sft.episodes": 4, "sft.batch_size": 4, "algo.ent_coef": 0.01, "algo.kl_in": "loss"}
-    )
-    with Run(tmp_path / "r", cfg) as run:
-        train_lm(cfg, run)
+    base = {"sft.episodes": 4, "sft.batch_size": 4, "algo.ent_coef": 0.01, "algo.kl_in": "loss"}
+    energy = [  # every energy metric appears in one of these runs
+        {"energy.weighting": "actfocus", "energy.reward_beta": 0.1, "energy.prior_beta": 0.1,
+         "eval.diagnose_seeds": 2, "eval.diagnose_group": 2},
+        {"energy.source": "discriminator", "energy.weighting": "bottleneck"},
+        {"energy.source": "uncertainty"},
+    ]  # fmt: skip
     keys = set()
-    for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines():
-        keys |= set(json.loads(line))
+    for i, extra in enumerate([{}, *energy]):
+        cfg = tiny_cfg(**base, **extra)
+        with Run(tmp_path / f"r{i}", cfg) as run:
+            train_lm(cfg, run)
+        for line in (tmp_path / f"r{i}" / "metrics.jsonl").read_text().splitlines():
+            keys |= set(json.loads(line))
     for key in keys:
         assert f"`{key}`" in doc, f"{key} is logged but not documented in docs/metrics.md"
 

@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from test_ppo import small
 from tokenergy.experiments import run_training
 from tokenergy.runs import latest_checkpoint, load_checkpoint, read_metrics
@@ -94,7 +96,21 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     assert its == list(range(1, 401))
 
 
-def test_lm_resume_equals_the_straight_run(tmp_path):
+# The credit variant carries state across iterations (a learned discriminator and its
+# optimizer, the β controller, the diagnostic's generator): resume must restore all of it.
+CREDIT = {
+    "energy.source": "discriminator",
+    "energy.weighting": "actfocus",
+    "energy.shuffle": True,
+    "energy.reward_beta": 0.2,
+    "energy.beta_patience": 1,
+    "eval.diagnose_seeds": 2,
+    "eval.diagnose_group": 2,
+}
+
+
+@pytest.mark.parametrize("extra", [{}, CREDIT], ids=["plain", "credit"])
+def test_lm_resume_equals_the_straight_run(tmp_path, extra):
     from test_lm import tiny_cfg
 
     cfg = tiny_cfg(
@@ -104,6 +120,7 @@ def test_lm_resume_equals_the_straight_run(tmp_path):
             "algo.iterations": 4,
             "algo.ent_coef": 0.01,
             "eval.every": 2,
+            **extra,
         }
     )
     cfg.log.checkpoint_every = 2

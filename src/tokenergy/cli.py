@@ -1,4 +1,4 @@
-"""The ``tokenergy`` command line: train, ablate, report, config.
+"""The ``tokenergy`` command line: train, ablate, report, diagnose, eval, play, config.
 
 Config overrides follow the command as ``--section.field VALUE`` (``--ppo.clip-eps 0.1``).
 Bad input exits with code 2 and one line naming what is wrong; ``--debug`` (before the
@@ -151,18 +151,28 @@ def ablate(
         False, "--overwrite", help="Replace an existing ablation folder."
     ),
 ) -> None:
-    """Train every variant (default: ppo, energy, shuffled) over seeds, then write the report."""
+    """Train every variant over seeds, then write the report.
+
+    Vector presets compare ppo, energy and shuffled by default. LM presets run one SFT per
+    environment and seed, then every variant's RL phase from that same SFT agent.
+    """
     from tokenergy.experiments import run_ablation
-    from tokenergy.reports import write_report
 
     cfg = _load(config, ctx.args)
     out = out or Path("runs") / f"{cfg.name}-ablation"
-    n = len(cfg.ablation.variants) * seeds
-    console.print(
-        f"ablation: {len(cfg.ablation.variants)} variants x {seeds} seeds = {n} runs, {jobs} in parallel -> {out}"
-    )
+    n_var = len(cfg.ablation.variants)
+    if cfg.kind == "lm":
+        n_env = len(cfg.ablation.envs or {cfg.env.name: {}})
+        console.print(
+            f"ablation: {n_env} envs x {seeds} seeds SFT runs, then {n_env} envs x {n_var} "
+            f"variants x {seeds} seeds = {n_env * n_var * seeds} RL runs, {jobs} in parallel -> {out}"
+        )
+    else:
+        console.print(
+            f"ablation: {n_var} variants x {seeds} seeds = {n_var * seeds} runs, {jobs} in parallel -> {out}"
+        )
     run_ablation(cfg, seeds, out, jobs=jobs, overwrite=overwrite, console=console)
-    _print_report(out, write_report(out))
+    _report(out)
 
 
 @app.command()
@@ -175,22 +185,55 @@ def report(
         None, "--threshold", help="Threshold value (default from the config)."
     ),
 ) -> None:
-    """Learning curves (mean ± std over seeds) and the steps-to-threshold table, as PNG, markdown and HTML."""
-    from tokenergy.reports import write_report
+    """Learning curves (mean ± std over seeds) and the summary table, as PNG, markdown and HTML.
 
-    _print_report(run_dir, write_report(run_dir, metric, threshold))
+    LM runs also get per-token pictures (tokens.html: energy, weight and advantage of every
+    token) and energy-over-turn curves; LM ablations a success table per environment.
+    """
+    _report(run_dir, metric, threshold)
+
+
+def _report(root: Path, metric: str | None = None, threshold: float | None = None) -> None:
+    from tokenergy.reports import write_report
+    from tokenergy.token_reports import (
+        is_lm_ablation,
+        write_diagnose,
+        write_lm_ablation_report,
+        write_token_report,
+    )
+
+    if is_lm_ablation(root):
+        folder, md = write_lm_ablation_report(root)
+        _print_table(md, f"{root}: final-step success")
+        console.print(
+            f"report: {folder / 'report.html'} (also report.md, curves.png, diagnose.png)"
+        )
+        return
+    _print_report(root, write_report(root, metric, threshold))
+    tokens = write_token_report(root)
+    if tokens is not None:
+        console.print(f"per-token pictures: {tokens}")
+        try:
+            png, _ = write_diagnose(root)
+            console.print(f"action-bottleneck diagnostic: {png}")
+        except RunDirError:
+            pass
+
+
+def _print_table(md: str, title: str) -> None:
+    lines = [ln for ln in md.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    table = Table(title=title)
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for ln in lines[2:]:
+        table.add_row(*[c.strip() for c in ln.strip("|").split("|")])
+    console.print(table)
 
 
 def _print_report(root: Path, result: tuple[Path, str]) -> None:
     folder, md = result
-    lines = [ln for ln in md.splitlines() if ln.startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    table = Table(title=f"{root}")
-    for h in header:
-        table.add_column(h, justify="right" if h != "variant" else "left")
-    for ln in lines[2:]:
-        table.add_row(*[c.strip() for c in ln.strip("|").split("|")])
-    console.print(table)
+    _print_table(md, f"{root}")
     console.print(f"report: {folder / 'report.html'} (also report.md, curves.png)")
 
 
@@ -232,6 +275,47 @@ def eval_cmd(
         table.add_row(k, f"{v:.3f}")
     console.print(table)
     (run_dir / "eval.json").write_text(json.dumps(result, indent=2))
+
+
+@app.command()
+def diagnose(
+    run_dir: Path = typer.Argument(..., help="A language-model agent's run folder."),
+    now: bool = typer.Option(
+        False, "--now", help="Measure the final agent now instead of reading diag/* metrics."
+    ),
+    seeds: int = typer.Option(8, "--seeds", min=1, help="With --now: env seeds."),
+    group: int = typer.Option(8, "--group", min=2, help="With --now: rollouts per env seed."),
+) -> None:
+    """The action-bottleneck diagnostic: per role, mean |corr| between the episode return and the
+    summed token log-probability across rollouts of one env seed, beside the role's token share.
+
+    Reads the diag/* metrics the run logged at each evaluation (eval.diagnose_seeds > 0) and
+    plots them over training; --now (or a run without them) measures the final agent.
+    """
+    import torch
+
+    from tokenergy.algos.ppo import resolve_device
+    from tokenergy.diagnostics import action_bottleneck
+    from tokenergy.models import load_agent
+    from tokenergy.runs import read_metrics
+    from tokenergy.token_reports import write_diagnose
+
+    cfg = load_config(run_dir / "config.yaml")
+    if cfg.kind != "lm":
+        raise ValueError(f"{str(run_dir)!r} is a {cfg.kind!r} run; diagnose is for LM agents")
+    rows = read_metrics(run_dir)
+    if now or not any("diag/share_action" in r for r in rows):
+        agent_dir = run_dir / "agent"
+        if not agent_dir.is_dir():
+            raise RunDirError(f"{str(agent_dir)!r} not found: the run has not finished")
+        console.print(f"measuring the final agent: {seeds} env seeds x {group} rollouts")
+        agent = load_agent(agent_dir).to(resolve_device(cfg.device))
+        res = action_bottleneck(agent, cfg, seeds, group, torch.Generator().manual_seed(cfg.seed))
+        last = max((int(r.get("train/iteration", 0)) for r in rows), default=0)
+        rows = [{"train/iteration": last, **res}]
+    png, md = write_diagnose(run_dir, [r for r in rows if "diag/share_action" in r])
+    _print_table(md, f"{run_dir}: action bottleneck")
+    console.print(f"picture: {png}")
 
 
 @app.command(context_settings=_OVERRIDES)

@@ -591,7 +591,7 @@ class EvalConfig:
 
 def _default_lm_variants() -> dict:
     return {
-        "ppo": {"energy.weighting": "none"},
+        "ppo": {"energy.weighting": "none", "energy.shuffle": False},
         "actfocus": {"energy.weighting": "actfocus"},
     }
 

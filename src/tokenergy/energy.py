@@ -461,11 +461,11 @@ TOKEN_ENERGIES: Registry[TokenEnergy] = Registry("token energy source")
 TOKEN_WEIGHTINGS: Registry[TokenWeighting] = Registry("token weighting")
 
 
-def _needs(inputs: TokenEnergyInputs, field: str, source: str, hint: str = "") -> torch.Tensor:
+def _needs(inputs: TokenEnergyInputs, field: str, source: str, hint: str = "") -> Any:
     value = getattr(inputs, field)
     if value is None:
         raise ValueError(f"energy source {source!r} needs {field!r}{hint}")
-    return value
+    return value.detach() if isinstance(value, torch.Tensor) else value
 
 
 @TOKEN_ENERGIES.register("ref_surprisal")

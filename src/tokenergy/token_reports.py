@@ -1,0 +1,472 @@
+"""Reports of LM runs, made from run folders (``metrics.jsonl``, ``samples.jsonl``) only.
+
+- :func:`write_token_report`: ``<run>/report/tokens.html``, trajectories as coloured tokens
+  (energy, loss weight, advantage; hover a token for its numbers), and
+  ``energy_turns.png``, the mean energy of reasoning and action tokens per turn, early vs
+  late in training.
+- :func:`write_diagnose`: the action-bottleneck diagnostic over training
+  (``diag/*`` metrics) as ``<run>/report/diagnose.png`` and a table.
+- :func:`write_lm_ablation_report`: an LM ablation folder
+  (``<env>/<variant>/seed_<k>``) as a success table (final-step held-out success,
+  mean ± std over seeds), success curves per environment, the diagnostic per variant, and
+  links to each environment's token pictures.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import yaml
+
+from tokenergy.runs import RunDirError, read_metrics
+from tokenergy.types import Role
+
+__all__ = [
+    "is_lm_ablation",
+    "read_samples",
+    "write_diagnose",
+    "write_lm_ablation_report",
+    "write_token_report",
+]
+
+_ROLE_NAMES = {int(r): r.name.lower() for r in Role}
+_NEWLINE = "⏎"
+
+
+def read_samples(run_dir: Path) -> list[dict[str, Any]]:
+    """The trajectories a run kept in ``samples.jsonl`` (empty when it kept none)."""
+    path = Path(run_dir) / "samples.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+# --------------------------------------------------------------------------- token pictures
+
+
+def _rgb(t: float, lo: tuple[int, int, int], hi: tuple[int, int, int]) -> str:
+    t = min(max(t, 0.0), 1.0)
+    c = [round(a + (b - a) * t) for a, b in zip(lo, hi, strict=True)]
+    return f"rgb({c[0]},{c[1]},{c[2]})"
+
+
+def _colour(view: str, value: float, scale: float) -> str:
+    if view == "advantage":  # diverging: red below 0, green above
+        t = value / scale if scale > 0 else 0.0
+        return (
+            _rgb(t, (255, 255, 255), (80, 190, 90))
+            if t >= 0
+            else _rgb(-t, (255, 255, 255), (230, 90, 80))
+        )
+    t = value / scale if scale > 0 else 0.0
+    return _rgb(t, (255, 255, 255), (240, 120, 40) if view == "energy" else (70, 120, 230))
+
+
+def _trajectory_html(sample: dict[str, Any], view: str) -> str:
+    roles = sample["roles"]
+    values = sample.get(view) or [0.0] * len(roles)
+    agent = [v for v, r in zip(values, roles, strict=True) if r != int(Role.OBSERVATION)]
+    if view == "energy" and agent:
+        lo = min(agent)
+        shifted = [v - lo for v in values]
+        scale = max((v - lo for v in agent), default=0.0)
+    else:
+        shifted = values
+        scale = max((abs(v) for v in agent), default=0.0)
+    out = []
+    for i, (tok, role) in enumerate(zip(sample["tokens"], roles, strict=True)):
+        if tok in ("<pad>",):
+            continue
+        tip = f"{_ROLE_NAMES.get(role, role)}"
+        for key in ("energy", "weight", "advantage", "logprob"):
+            if key in sample:
+                tip += f" | {key} {sample[key][i]:+.3f}"
+        text = html.escape(tok)
+        if role == int(Role.OBSERVATION):
+            cls, style = "obs", ""
+        else:
+            cls = _ROLE_NAMES.get(role, "agent")
+            style = f' style="background:{_colour(view, shifted[i], scale)}"'
+        out.append(f'<span class="{cls}"{style} title="{html.escape(tip)}">{text}</span>')
+        if tok == _NEWLINE:
+            out.append("<br>")
+    return " ".join(out)
+
+
+def _turn_index(roles: list[int]) -> list[int]:
+    """Per token, the number of agent turns that ended before it (observation tokens get
+    the index of the turn they precede)."""
+    turn, out, in_agent = 0, [], False
+    for r in roles:
+        if r != int(Role.OBSERVATION):
+            in_agent = True
+        elif in_agent:
+            turn, in_agent = turn + 1, False
+        out.append(turn)
+    return out
+
+
+def _energy_by_turn(samples: list[dict[str, Any]], role: Role) -> tuple[list[int], list[float]]:
+    per_turn: dict[int, list[float]] = {}
+    for s in samples:
+        if "energy" not in s:
+            continue
+        for t, r, e in zip(_turn_index(s["roles"]), s["roles"], s["energy"], strict=True):
+            if r == int(role):
+                per_turn.setdefault(t, []).append(e)
+    turns = sorted(per_turn)
+    return turns, [statistics.mean(per_turn[t]) for t in turns]
+
+
+def _img(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;color:#222}
+.traj{font-family:ui-monospace,monospace;font-size:13px;line-height:1.9;border:1px solid #ddd;
+padding:8px;margin:6px 0 18px}.traj span{padding:1px 2px;border-radius:3px}
+.obs{color:#999}.reasoning{font-style:italic}.action{font-weight:bold;outline:1px solid #555}
+.format{color:#555}table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:4px 10px;
+text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}
+.legend span{padding:2px 8px;margin-right:6px;border-radius:3px}"""
+
+
+def write_token_report(run_dir: str | Path, per_iteration: int = 1) -> Path | None:
+    """Write ``<run>/report/tokens.html`` and ``energy_turns.png``; ``None`` without samples.
+
+    Shows ``per_iteration`` trajectories of the first and of the last logged iteration.
+    """
+    run_dir = Path(run_dir)
+    samples = read_samples(run_dir)
+    if not samples:
+        return None
+    out = run_dir / "report"
+    out.mkdir(exist_ok=True)
+    iterations = sorted({s["iteration"] for s in samples})
+    first, last = iterations[0], iterations[-1]
+    early = [s for s in samples if s["iteration"] == first]
+    late = [s for s in samples if s["iteration"] == last]
+
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for group, ls, label in ((early, "--", f"iteration {first}"), (late, "-", f"iteration {last}")):
+        for role, color in ((Role.REASONING, "tab:purple"), (Role.ACTION, "tab:orange")):
+            turns, mean = _energy_by_turn(group, role)
+            if turns:
+                ax.plot(
+                    [t + 1 for t in turns], mean, ls, color=color, marker="o", ms=3,
+                    label=f"{role.name.lower()}, {label}",
+                )  # fmt: skip
+    ax.set_xlabel("turn")
+    ax.set_ylabel("mean token energy")
+    ax.set_title("energy over turns")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    png = out / "energy_turns.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+    cfg_path = run_dir / "config.yaml"
+    energy_cfg = (
+        (yaml.safe_load(cfg_path.read_text()) or {}).get("energy", {}) if cfg_path.is_file() else {}
+    )
+    source = energy_cfg.get("source", "?")
+    sections = []
+    for s in early[:per_iteration] + late[:per_iteration]:
+        head = (
+            f"<h3>iteration {s['iteration']}, episode {s['episode']}: return {s['return']:+.2f}, "
+            f"{'success' if s['success'] else 'failure'}</h3>"
+        )
+        views = "".join(
+            f"<h4>{view}</h4><div class='traj'>{_trajectory_html(s, view)}</div>"
+            for view in ("energy", "weight", "advantage")
+            if view in s
+        )
+        sections.append(head + views)
+    legend = (
+        "<p class='legend'><span style='background:rgb(240,120,40)'>high energy</span>"
+        "<span style='background:rgb(70,120,230);color:white'>high weight</span>"
+        "<span style='background:rgb(80,190,90)'>positive advantage</span>"
+        "<span style='background:rgb(230,90,80)'>negative advantage</span>"
+        "<span class='obs'>grey: observation (never trained)</span> <b>bold, outlined</b>: "
+        "action tokens, <i>italic</i>: reasoning. Hover a token for its numbers.</p>"
+    )
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>tokens: {html.escape(run_dir.name)}"
+        f"</title><style>{_CSS}</style></head><body><h1>{html.escape(run_dir.name)}: tokens</h1>"
+        f"<p>energy source: <code>{html.escape(str(source))}</code>; energy is scaled per "
+        f"trajectory (white = its lowest agent token), weight and advantage by their largest "
+        f"magnitude.</p>{legend}"
+        f"<img src='data:image/png;base64,{_img(png)}' alt='energy over turns'>"
+        + "".join(sections)
+        + "</body></html>"
+    )
+    page_path = out / "tokens.html"
+    page_path.write_text(page)
+    return page_path
+
+
+# --------------------------------------------------------------------------- diagnostic
+
+
+def _diag_series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for r in rows:
+        v = r.get(key)
+        if v is not None and "train/iteration" in r and not math.isnan(v):
+            xs.append(int(r["train/iteration"]))
+            ys.append(float(v))
+    return xs, ys
+
+
+def write_diagnose(run_dir: str | Path, rows: list[dict[str, Any]] | None = None):
+    """The action-bottleneck diagnostic of one run over training.
+
+    Returns:
+        ``(png path, markdown table)``; the table has one row per evaluation with mean
+        ``|corr|`` and token share of action and reasoning tokens.
+    """
+    run_dir = Path(run_dir)
+    rows = rows if rows is not None else read_metrics(run_dir)
+    diag = [r for r in rows if "diag/share_action" in r]
+    if not diag:
+        raise RunDirError(
+            f"{str(run_dir)!r} has no diag/* metrics; train with --eval.diagnose-seeds 8 "
+            "(or run `tokenergy diagnose RUN --now`)"
+        )
+    out = run_dir / "report"
+    out.mkdir(exist_ok=True)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for role, color in (("action", "tab:orange"), ("reasoning", "tab:purple")):
+        xs, ys = _diag_series(diag, f"diag/corr_{role}")
+        ax.plot(xs, ys, color=color, marker="o", label=f"|corr| {role}")
+        xs, ys = _diag_series(diag, f"diag/share_{role}")
+        ax.plot(xs, ys, color=color, ls=":", label=f"token share {role}")
+    ax.set_xlabel("RL iteration")
+    ax.set_ylim(0, 1)
+    ax.set_title("action bottleneck: |corr(Σ log π, return)| vs share of tokens")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    png = out / "diagnose.png"
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+    def f(v: Any) -> str:
+        return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
+
+    lines = [
+        "| iteration | action abs corr | action share | reasoning abs corr | reasoning share |",
+        "|---|---|---|---|---|",
+    ]
+    for r in diag:
+        lines.append(
+            f"| {int(r.get('train/iteration', 0))} | {f(r.get('diag/corr_action'))} | "
+            f"{f(r.get('diag/share_action'))} | {f(r.get('diag/corr_reasoning'))} | "
+            f"{f(r.get('diag/share_reasoning'))} |"
+        )
+    return png, "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- LM ablations
+
+
+def is_lm_ablation(root: str | Path) -> bool:
+    path = Path(root) / "ablation.yaml"
+    if not path.is_file():
+        return False
+    return "envs" in (yaml.safe_load(path.read_text()) or {})
+
+
+def _mean_std(xs: list[float]) -> str:
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return "—"
+    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+    return f"{statistics.mean(xs):.3f} ± {sd:.3f}"
+
+
+def _evals(rows: list[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
+    return [(int(r["train/iteration"]), float(r[metric])) for r in rows if metric in r]
+
+
+def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
+    """Write ``<root>/report/{report.md, report.html, curves.png, diagnose.png}`` and each
+    environment's token pictures; returns ``(folder, markdown table)``."""
+    root = Path(root)
+    meta = yaml.safe_load((root / "ablation.yaml").read_text())
+    envs, variants = meta["envs"], meta["variants"]
+    metric = (meta.get("base", {}).get("ablation", {}) or {}).get("metric", "eval/success")
+    runs: dict[str, dict[str, list[list[dict[str, Any]]]]] = {}
+    for env in envs:
+        for variant in ["sft", *variants]:
+            for d in sorted((root / env / variant).glob("seed_*/metrics.jsonl")):
+                runs.setdefault(env, {}).setdefault(variant, []).append(read_metrics(d.parent))
+    if not runs:
+        raise RunDirError(f"{str(root)!r} holds no finished runs yet")
+    out = root / "report"
+    out.mkdir(exist_ok=True)
+
+    # ---- table: final-step success per variant and env ------------------------------------
+    header = ["variant", *[f"{env}" for env in envs]]
+    table, finals = [], {}
+    start_row = ["SFT start"]
+    for env in envs:
+        starts = [
+            ev[0][1]
+            for rows in runs.get(env, {}).get(variants[0], [])
+            if (ev := _evals(rows, metric))
+        ]
+        start_row.append(_mean_std(starts))
+    table.append(start_row)
+    for variant in variants:
+        row = [variant]
+        for env in envs:
+            seeds = runs.get(env, {}).get(variant, [])
+            vals = [ev[-1][1] for rows in seeds if (ev := _evals(rows, metric))]
+            finals[(env, variant)] = vals
+            row.append(_mean_std(vals) + (f" (n={len(vals)})" if vals else ""))
+        table.append(row)
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(r) + " |" for r in table]
+    md_table = "\n".join(md)
+
+    def delta(a: str, b: str) -> str:
+        parts = []
+        for env in envs:
+            x, y = finals.get((env, a), []), finals.get((env, b), [])
+            if x and y:
+                parts.append(f"{env} {100 * (statistics.mean(x) - statistics.mean(y)):+.1f}")
+        return ", ".join(parts)
+
+    deltas = [
+        f"- {a} − {b} (points): {d}"
+        for a, b in (("actfocus-ppo", "ppo"), ("actfocus-grpo", "grpo"), ("actfocus-ppo", "grpo"))
+        if a in variants and b in variants and (d := delta(a, b))
+    ]
+
+    # ---- success curves ---------------------------------------------------------------------
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    fig, axes = plt.subplots(1, len(envs), figsize=(5.2 * len(envs), 3.8), squeeze=False)
+    for ax, env in zip(axes[0], envs, strict=True):
+        for i, variant in enumerate(variants):
+            curves = [_evals(rows, metric) for rows in runs.get(env, {}).get(variant, [])]
+            curves = [c for c in curves if c]
+            if not curves:
+                continue
+            n = min(len(c) for c in curves)
+            xs = [it for it, _ in curves[0][:n]]
+            ys = np.array([[v for _, v in c[:n]] for c in curves])
+            mean, sd = ys.mean(0), ys.std(0)
+            ax.plot(xs, mean, marker="o", ms=3, color=colors[i % len(colors)], label=variant)
+            ax.fill_between(xs, mean - sd, mean + sd, color=colors[i % len(colors)], alpha=0.12)
+        ax.set_title(f"{env}: {metric}")
+        ax.set_xlabel("RL iteration (0 = SFT start)")
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    curves_png = out / "curves.png"
+    fig.savefig(curves_png, dpi=110)
+    plt.close(fig)
+
+    # ---- diagnostic: |corr| of action vs reasoning tokens per variant, over training -------
+    fig, axes = plt.subplots(1, len(envs), figsize=(5.2 * len(envs), 3.8), squeeze=False)
+    diag_lines = []
+    for ax, env in zip(axes[0], envs, strict=True):
+        for i, variant in enumerate(variants):
+            seeds = runs.get(env, {}).get(variant, [])
+            for role, ls in (("action", "-"), ("reasoning", ":")):
+                series = [_diag_series(rows, f"diag/corr_{role}") for rows in seeds]
+                pooled: dict[int, list[float]] = {}
+                for xs, ys in series:
+                    for x, y in zip(xs, ys, strict=True):
+                        pooled.setdefault(x, []).append(y)
+                if pooled:
+                    xs = sorted(pooled)
+                    ax.plot(
+                        xs, [statistics.mean(pooled[x]) for x in xs], ls,
+                        color=colors[i % len(colors)], label=f"{variant} {role}",
+                    )  # fmt: skip
+            shares = [
+                (
+                    r.get("diag/corr_action"),
+                    r.get("diag/corr_reasoning"),
+                    r.get("diag/share_action"),
+                )
+                for rows in seeds
+                for r in rows
+                if "diag/share_action" in r
+            ]
+            if shares:
+                ca = [a for a, _, _ in shares if a is not None and not math.isnan(a)]
+                cr = [b for _, b, _ in shares if b is not None and not math.isnan(b)]
+                sh = [c for _, _, c in shares if c is not None]
+                diag_lines.append(
+                    f"| {env} | {variant} | {_mean_std(ca)} | {_mean_std(cr)} | {_mean_std(sh)} |"
+                )
+        ax.set_title(f"{env}: |corr(Σ log π, return)|")
+        ax.set_xlabel("RL iteration")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=6, loc="best")
+    fig.tight_layout()
+    diag_png = out / "diagnose.png"
+    fig.savefig(diag_png, dpi=110)
+    plt.close(fig)
+    diag_md = ""
+    if diag_lines:
+        diag_md = (
+            "| env | variant | action abs corr | reasoning abs corr | action token share |\n"
+            "|---|---|---|---|---|\n" + "\n".join(diag_lines)
+        )
+
+    # ---- token pictures of one seed per env (PPO and ActFocus side by side) ---------------
+    token_links = []
+    for env in envs:
+        for variant in [v for v in ("ppo", "actfocus-ppo", "actfocus") if v in variants]:
+            page = write_token_report(root / env / variant / "seed_0")
+            if page is not None:
+                token_links.append((f"{env} / {variant}", page.relative_to(root)))
+
+    seeds_n = meta.get("seeds", "?")
+    text = (
+        f"# LM ablation: {root.name}\n\nFinal-step held-out {metric} (the last evaluation), "
+        f"mean ± std over {seeds_n} seeds; every variant of an env and seed starts from the "
+        f"same SFT agent (first row).\n\n{md_table}\n\n" + "\n".join(deltas) + "\n\n"
+        "![success curves](curves.png)\n\n"
+        "Action-bottleneck diagnostic (mean over evaluations and seeds):\n\n"
+        f"{diag_md}\n\n![diagnostic](diagnose.png)\n\nPer-token pictures:\n\n"
+        + "\n".join(f"- {label}: `{path}`" for label, path in token_links)
+        + "\n"
+    )
+    (out / "report.md").write_text(text)
+    rows_html = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in table
+    )
+    links = "".join(
+        f"<li><a href='../{html.escape(str(p))}'>{html.escape(label)}</a></li>"
+        for label, p in token_links
+    )
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(root.name)}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(root.name)}</h1>"
+        f"<p>Final-step held-out {html.escape(metric)}, mean ± std over {seeds_n} seeds.</p>"
+        "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"
+        f"{rows_html}</table><p>{'<br>'.join(html.escape(d) for d in deltas)}</p>"
+        f"<img src='data:image/png;base64,{_img(curves_png)}' alt='success curves'>"
+        f"<h2>Action-bottleneck diagnostic</h2><img src='data:image/png;base64,{_img(diag_png)}'>"
+        f"<h2>Per-token pictures</h2><ul>{links}</ul></body></html>"
+    )
+    (out / "report.html").write_text(page)
+    return out, md_table

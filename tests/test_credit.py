@@ -1,0 +1,68 @@
+"""Energy in the LM trainer: ActFocus weights reach the loss as configured, warm-up holds
+them back, samples carry per-token energy and weight, and weights steer the gradient."""
+
+import json
+
+import pytest
+import torch
+
+from test_lm import tiny_cfg
+from tokenergy.energy import actfocus_weights
+from tokenergy.experiments import run_training
+from tokenergy.losses import ppo_policy_loss
+from tokenergy.types import Role
+
+
+def _rows(path):
+    return [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_actfocus_run_logs_the_configured_weights_and_respects_warmup(tmp_path):
+    cfg = tiny_cfg(
+        **{
+            "algo.iterations": 3,
+            "energy.weighting": "actfocus",
+            "energy.alpha": 0.25,
+            "energy.warmup_iters": 1,
+            "eval.every": 3,
+            "eval.diagnose_seeds": 2,
+            "eval.diagnose_group": 3,
+        }
+    )
+    run_training(cfg, tmp_path / "run")
+    rows = [r for r in _rows(tmp_path / "run") if "train/iteration" in r and "loss/policy" in r]
+    assert [r["energy/active"] for r in rows] == [0.0, 1.0, 1.0]
+    assert rows[0]["weights/reasoning"] == 1.0  # warm-up: plain token-mean
+    for r in rows[1:]:
+        assert r["weights/reasoning"] == pytest.approx(0.25)
+        if r["rollout/action_token_share"] > 0:
+            assert r["weights/action"] == pytest.approx(1.0, abs=1e-5)
+        assert r["energy/lam"] == 0.5
+    evals = [r for r in _rows(tmp_path / "run") if "diag/share_action" in r]
+    assert len(evals) == 2  # before RL and at the end
+    samples = [
+        json.loads(x) for x in (tmp_path / "run" / "samples.jsonl").read_text().split("\n") if x
+    ]
+    s = samples[-1]
+    assert len(s["energy"]) == len(s["weight"]) == len(s["tokens"])
+    for role, w in zip(s["roles"], s["weight"], strict=True):
+        if role == int(Role.OBSERVATION):
+            assert w == 0.0
+        elif role == int(Role.REASONING):
+            assert w == pytest.approx(0.25)
+
+
+def test_zero_weights_stop_the_gradient_and_energy_gets_none():
+    g = torch.Generator().manual_seed(0)
+    roles = torch.tensor([[0, 1, 1, 2, 2, 3]])
+    mask = roles != 0
+    logprobs = (torch.randn(1, 6, generator=g) - 2).requires_grad_()
+    energy = (-logprobs).detach().requires_grad_()  # a leaf that would collect a gradient
+    w = actfocus_weights(roles, energy, mask, alpha=0.0, lam=0.5, tau=1.0, format_weight=0.0)
+    assert not w.requires_grad
+    loss, _ = ppo_policy_loss(logprobs, logprobs.detach(), torch.ones(1, 6), mask, 0.2, weights=w)
+    loss.backward()
+    grad = logprobs.grad[0]
+    assert grad[1] == 0 and grad[2] == 0 and grad[5] == 0  # reasoning and format tokens
+    assert grad[3] != 0 and grad[4] != 0  # action tokens carry the whole signal
+    assert energy.grad is None

@@ -1,0 +1,285 @@
+"""Token-level energies and weightings for LM agents: ActFocus pinned on hand examples and its
+invariants, every energy source on hand-made inputs, no gradient into energies, the
+learned sources learn, and the action-bottleneck diagnostic."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tokenergy.diagnostics import role_reward_correlation
+from tokenergy.energy import (
+    TOKEN_ENERGIES,
+    TOKEN_WEIGHTINGS,
+    TokenEnergyInputs,
+    actfocus_weights,
+    energy_prior_kl,
+    kl_full,
+    ngram_repeat,
+    shaped_rewards,
+    shuffle_within_roles,
+    top_fraction_weights,
+)
+from tokenergy.energy_models import Discriminator, UncertaintyEnsemble, window_ids
+from tokenergy.types import Role
+
+OBS, R, A, F = (int(r) for r in (Role.OBSERVATION, Role.REASONING, Role.ACTION, Role.FORMAT))
+
+
+def _mask(roles: torch.Tensor) -> torch.Tensor:
+    return roles != OBS
+
+
+# --------------------------------------------------------------------------- ActFocus
+
+
+def test_actfocus_hand_example():
+    roles = torch.tensor([[OBS, R, R, A, A, F]])
+    energy = torch.tensor([[9.0, 5.0, -5.0, 0.0, math.log(3.0), 7.0]])
+    w = actfocus_weights(roles, energy, _mask(roles), alpha=0.5, lam=0.5, tau=1.0)
+    # s = softmax(0, ln 3) = (1/4, 3/4), N_a = 2: w = 1 + 0.5 * (2 s - 1)
+    expected = torch.tensor([[0.0, 0.5, 0.5, 0.75, 1.25, 1.0]])
+    assert torch.allclose(w, expected)
+
+
+def test_actfocus_softmax_spans_the_whole_batch_and_respects_tau_and_format_weight():
+    roles = torch.tensor([[OBS, A, R], [OBS, A, F]])
+    energy = torch.tensor([[0.0, 0.0, 3.0], [0.0, 2.0, 0.0]])
+    w = actfocus_weights(roles, energy, _mask(roles), 0.2, 1.0, tau=2.0, format_weight=0.0)
+    # s over the batch's two action tokens: softmax(0/2, 2/2) = (1, e) / (1 + e)
+    s1 = 1 / (1 + math.e)
+    assert w[0, 1].item() == pytest.approx(2 * s1)
+    assert w[1, 1].item() == pytest.approx(2 * (1 - s1))
+    assert w[0, 2].item() == pytest.approx(0.2) and w[1, 2].item() == 0.0
+    assert w[:, 0].abs().sum() == 0
+
+
+def test_actfocus_high_tau_is_uniform_and_bad_tau_raises():
+    roles = torch.tensor([[R, A, A, A]])
+    w = actfocus_weights(roles, torch.tensor([[0.0, 1.0, 5.0, 9.0]]), _mask(roles), 0.3, 1.0, 1e6)
+    assert torch.allclose(w, torch.tensor([[0.3, 1.0, 1.0, 1.0]]), atol=1e-4)
+    with pytest.raises(ValueError, match="tau"):
+        actfocus_weights(roles, torch.zeros(1, 4), _mask(roles), 0.3, 1.0, 0.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(1, 12),
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 2.0),
+    st.floats(0.05, 5.0),
+    st.integers(0, 10_000),
+)
+def test_actfocus_invariants(b, t, lam, alpha, tau, seed):
+    g = torch.Generator().manual_seed(seed)
+    roles = torch.randint(0, 4, (b, t), generator=g)
+    mask = torch.rand(b, t, generator=g) < 0.8
+    energy = torch.randn(b, t, generator=g) * 3
+    w = actfocus_weights(roles, energy, mask, alpha, lam, tau)
+    assert (w >= -1e-6).all()
+    assert (w[~mask] == 0).all()
+    act = mask & (roles == A)
+    if act.any():
+        assert w[act].mean().item() == pytest.approx(1.0, abs=1e-4)
+    reasoning = mask & (roles == R)
+    assert torch.allclose(w[reasoning], torch.full_like(w[reasoning], alpha))
+    # lam = 0: reasoning down-weighting alone; alpha = 1: redistribution alone
+    w0 = actfocus_weights(roles, energy, mask, alpha, 0.0, tau)
+    assert torch.allclose(w0[act], torch.ones_like(w0[act]))
+    w1 = actfocus_weights(roles, energy, mask, 1.0, lam, tau)
+    assert torch.allclose(w1[reasoning], torch.ones_like(w1[reasoning]))
+    assert torch.allclose(w1[act], w[act])
+
+
+# --------------------------------------------------------------------------- other weightings
+
+
+def test_top_fraction_keeps_the_highest_and_keeps_mean_one():
+    energy = torch.tensor([[0.1, 0.9, 0.5, 0.3, 0.7]])
+    mask = torch.tensor([[True, True, True, True, False]])
+    w = top_fraction_weights(energy, mask, rho=0.5)  # keep ceil(0.5 * 4) = 2 of 4
+    assert torch.allclose(w, torch.tensor([[0.0, 2.0, 2.0, 0.0, 0.0]]))
+    assert w[mask].mean().item() == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="rho"):
+        top_fraction_weights(energy, mask, rho=0.0)
+
+
+def test_shuffle_within_roles_keeps_each_roles_weights():
+    g = torch.Generator().manual_seed(0)
+    roles = torch.tensor([[OBS, R, A, R, A, A, F, R]] * 3)
+    mask = _mask(roles)
+    w = torch.rand(roles.shape, generator=g) * mask
+    out = shuffle_within_roles(w, roles, mask, torch.Generator().manual_seed(1))
+    for r in (R, A, F):
+        m = mask & (roles == r)
+        assert torch.equal(out[m].sort().values, w[m].sort().values)
+    assert not torch.equal(out, w)
+    assert (out[~mask] == w[~mask]).all()
+
+
+def test_registered_weightings_read_the_config():
+    roles = torch.tensor([[OBS, R, A, A]])
+    energy = torch.tensor([[0.0, 0.0, 0.0, 10.0]])
+    cfg = SimpleNamespace(
+        alpha=0.5, lam=1.0, tau=1.0, format_weight=1.0, threshold_std=0.5,
+        weight_scale=3.0, smooth=False, top_rho=0.3,
+    )  # fmt: skip
+    m = _mask(roles)
+    assert torch.equal(TOKEN_WEIGHTINGS.get("none")(energy, roles, m, cfg), m.float())
+    af = TOKEN_WEIGHTINGS.get("actfocus")(energy, roles, m, cfg)
+    assert af[0, 1] == 0.5 and af[0, 3] > 1.9
+    bn = TOKEN_WEIGHTINGS.get("bottleneck")(energy, roles, m, cfg)
+    assert torch.equal(bn, torch.tensor([[0.0, 1.0, 1.0, 3.0]]))
+    top = TOKEN_WEIGHTINGS.get("top_entropy")(energy, roles, m, cfg)
+    assert torch.equal(top, torch.tensor([[0.0, 0.0, 0.0, 3.0]]))
+
+
+# --------------------------------------------------------------------------- energy uses
+
+
+def test_shaped_rewards_hand_example():
+    roles = torch.tensor([[OBS, A, A, R]])
+    rewards = torch.tensor([[5.0, 0.0, 1.0, 0.0]])
+    energy = torch.tensor([[100.0, 1.0, 3.0, 2.0]])
+    out = shaped_rewards(rewards, energy, roles, _mask(roles), beta=0.5)
+    # z over (1, 3, 2): mean 2, population std sqrt(2/3)
+    z = torch.tensor([-1.0, 1.0, 0.0]) / math.sqrt(2 / 3)
+    assert out[0, 0] == 5.0
+    assert torch.allclose(out[0, 1:], rewards[0, 1:] - 0.5 * z, atol=1e-5)
+    only_action = shaped_rewards(rewards, energy, roles, _mask(roles), 0.5, (Role.ACTION,))
+    assert only_action[0, 3] == 0.0 and torch.allclose(
+        only_action[0, 1:3], torch.tensor([0.5, 0.5])
+    )
+
+
+def test_energy_prior_kl_matches_torch_and_vanishes_at_the_prior():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 5, generator=g, requires_grad=True)
+    ref = torch.randn(2, 3, 5, generator=g)
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    e_vocab = -torch.log_softmax(ref, -1)
+    loss = energy_prior_kl(logits, e_vocab, mask, tau=2.0)
+    p = torch.distributions.Categorical(logits=logits)
+    q = torch.distributions.Categorical(logits=torch.log_softmax(ref, -1) / 2.0)
+    expected = torch.distributions.kl_divergence(p, q)[mask].mean()
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
+    loss.backward()
+    assert logits.grad is not None and logits.grad[~mask].abs().sum() == 0
+    at_prior = energy_prior_kl(torch.log_softmax(ref, -1), e_vocab, mask, tau=1.0)
+    assert at_prior.item() == pytest.approx(0.0, abs=1e-6)
+
+
+# --------------------------------------------------------------------------- energy sources
+
+
+def test_kl_full_hand_value():
+    p = torch.log(torch.tensor([[[0.5, 0.5]]]))
+    q = torch.log(torch.tensor([[[0.25, 0.75]]]))
+    expected = 0.5 * math.log(0.5 / 0.25) + 0.5 * math.log(0.5 / 0.75)
+    assert kl_full(p, q).item() == pytest.approx(expected)
+    assert kl_full(p, p).item() == pytest.approx(0.0)
+
+
+def test_ngram_repeat_hand_example():
+    tokens = torch.tensor([[1, 2, 3, 1, 2, 3, 4]])
+    mask = torch.tensor([[False, True, True, True, True, True, True]])
+    assert ngram_repeat(tokens, mask, n=2).tolist() == [[0, 0, 0, 0, 1, 1, 0]]
+    assert ngram_repeat(tokens, mask, n=3).tolist() == [[0, 0, 0, 0, 0, 1, 0]]
+    assert ngram_repeat(tokens, mask, n=1).tolist() == [[0, 0, 0, 1, 1, 1, 0]]
+    assert ngram_repeat(tokens[:, :2], mask[:, :2], n=3).sum() == 0
+
+
+def test_every_token_energy_source_on_hand_inputs_and_without_gradient():
+    roles = torch.tensor([[OBS, R, A, A]])
+    grad = dict(requires_grad=True)
+    inputs = TokenEnergyInputs(
+        tokens=torch.tensor([[3, 4, 3, 4]]),
+        roles=roles,
+        mask=_mask(roles),
+        logprobs=torch.tensor([[0.0, -1.0, -2.0, -0.5]], **grad),
+        ref_logprobs=torch.tensor([[0.0, -0.5, -3.0, -0.1]], **grad),
+        entropy=torch.tensor([[0.0, 0.2, 0.4, 0.6]], **grad),
+        free_energy=torch.tensor([[0.0, -1.0, -2.0, -3.0]], **grad),
+        kl_ref=torch.tensor([[0.0, 0.1, 0.2, 0.3]], **grad),
+        advantages=torch.tensor([[0.0, 0.0, 1.0, -1.0]], **grad),
+    )
+    cfg = SimpleNamespace(beta=2.0, ngram=2)
+    expected = {
+        "ref_surprisal": [0.0, 0.5, 3.0, 0.1],
+        "surprisal": [0.0, 1.0, 2.0, 0.5],
+        "entropy": [0.0, 0.2, 0.4, 0.6],
+        "free_energy": [0.0, -1.0, -2.0, -3.0],
+        "kl_ref": [0.0, 0.1, 0.2, 0.3],
+        "ngram_repeat": [0.0, 0.0, 0.0, 1.0],  # (3, 4) again at the end
+        "advantage": [0.5, 0.5, 1 / (1 + math.e**2), 1 / (1 + math.e**-2)],
+    }
+    for name, values in expected.items():
+        e = TOKEN_ENERGIES.get(name)(inputs, cfg)
+        assert e[0].tolist() == pytest.approx(values, abs=1e-6), name
+        assert not e.requires_grad, name
+    with pytest.raises(ValueError, match="ref_logprobs"):
+        TOKEN_ENERGIES.get("ref_surprisal")(
+            TokenEnergyInputs(tokens=inputs.tokens, roles=roles, mask=inputs.mask), cfg
+        )
+
+
+def test_discriminator_learns_to_tell_solver_tokens_from_agent_tokens():
+    torch.manual_seed(0)
+    solver = torch.tensor([[5, 6, 7, 8] * 4] * 8)
+    agent = torch.tensor([[5, 6, 9, 9] * 4] * 8)
+    mask = torch.ones_like(solver, dtype=torch.bool)
+    d = Discriminator(vocab_size=12, window=2, steps=200, seed=0)
+    d.update(solver, mask, agent, mask)
+    assert d.last_accuracy > 0.7
+    e_solver = d.energy(SimpleNamespace(tokens=solver, mask=mask))
+    e_agent = d.energy(SimpleNamespace(tokens=agent, mask=mask))
+    # the 9s are never written by the solver: high energy there, low on the solver's 7 and 8
+    assert e_agent[:, 2::4].mean() > 2.0 > 0.5 > e_solver[:, 2::4].mean()
+    assert not e_agent.requires_grad
+
+
+def test_uncertainty_ensemble_disagrees_more_where_it_has_not_trained():
+    # The env answers token 10 after action 3; the ensemble never sees action 4.
+    roles = torch.tensor([[OBS, A, OBS, A, OBS]] * 6)
+    seen = torch.tensor([[1, 3, 10, 3, 10]] * 6)
+    mask = roles != OBS
+    ens = UncertaintyEnsemble(vocab_size=12, heads=4, window=1, steps=200, seed=0)
+    assert UncertaintyEnsemble.targets(roles, mask)[0].tolist() == [False, True, False, True, False]
+    ens.update(seen, roles, mask)
+    unseen = torch.tensor([[1, 4, 10, 4, 10]] * 6)
+    e_seen = ens.energy(SimpleNamespace(tokens=seen, mask=mask))
+    e_unseen = ens.energy(SimpleNamespace(tokens=unseen, mask=mask))
+    assert e_unseen[:, 1].mean() > 5 * e_seen[:, 1].mean()
+    assert (e_seen[~mask] == 0).all()
+
+
+def test_window_ids():
+    ids = window_ids(torch.tensor([[1, 2, 3]]), 2, pad_id=0)
+    assert ids.tolist() == [[[0, 1], [1, 2], [2, 3]]]
+
+
+# --------------------------------------------------------------------------- diagnostic
+
+
+def test_role_reward_correlation_hand_example():
+    # Two groups of 3 rollouts. Action log-prob sums track the return exactly; reasoning sums
+    # are symmetric around their mean while returns are linear: correlation 0.
+    roles = torch.tensor([[OBS, R, A]] * 6)
+    mask = _mask(roles)
+    logprobs = torch.tensor(
+        [[0, -1, -3], [0, -2, -2], [0, -1, -1], [0, -5, -3], [0, -1, -2], [0, -5, -1]],
+        dtype=torch.float32,
+    )
+    returns = torch.tensor([0.0, 1.0, 2.0, 0.0, 1.0, 2.0])
+    groups = torch.tensor([0, 0, 0, 1, 1, 1])
+    out = role_reward_correlation(logprobs, roles, mask, returns, groups)
+    assert out["corr_action"] == pytest.approx(1.0)
+    assert out["corr_reasoning"] == pytest.approx(0.0, abs=1e-9)
+    assert out["share_action"] == pytest.approx(0.5) and out["groups_action"] == 2
+    # a group with a constant return says nothing and is skipped
+    flat = role_reward_correlation(logprobs, roles, mask, torch.zeros(6), groups)
+    assert math.isnan(flat["corr_action"]) and flat["groups_action"] == 0
