@@ -283,3 +283,33 @@ def test_role_reward_correlation_hand_example():
     # a group with a constant return says nothing and is skipped
     flat = role_reward_correlation(logprobs, roles, mask, torch.zeros(6), groups)
     assert math.isnan(flat["corr_action"]) and flat["groups_action"] == 0
+
+
+def test_score_keeps_the_per_token_quantities_the_sources_read():
+    """entropy, free energy and the exact KL that ``score`` keeps equal the pure functions on
+    the models' logits, shifted so position t describes the choice of token t."""
+    from tokenergy.energy import entropy, free_energy
+    from tokenergy.envs import make
+    from tokenergy.models import build_agent
+    from tokenergy.rollout import collate, rollout, score
+
+    agent = build_agent("tiny", seed=0)
+    ref = build_agent("tiny", seed=1).policy
+    envs = [make("frozenlake") for _ in range(2)]
+    eps = rollout(agent.policy, agent.tokenizer, envs, [0, 1], max_turns=2, max_turn_tokens=6,
+                  generator=torch.Generator().manual_seed(0))  # fmt: skip
+    traj = collate(eps, agent.tokenizer.pad_token_id)
+    sc = score(agent, ref, traj)
+    with torch.no_grad():
+        logits = agent(traj.tokens, traj.attention_mask).logits
+        ref_logits = ref(input_ids=traj.tokens, attention_mask=traj.attention_mask).logits
+    m = traj.mask
+    assert torch.allclose(sc.entropy[:, 1:][m[:, 1:]], entropy(logits)[:, :-1][m[:, 1:]], atol=1e-5)
+    assert torch.allclose(
+        sc.free_energy[:, 1:][m[:, 1:]], free_energy(logits)[:, :-1][m[:, 1:]], atol=1e-5
+    )
+    assert torch.allclose(
+        sc.kl_ref[:, 1:][m[:, 1:]], kl_full(logits, ref_logits)[:, :-1][m[:, 1:]], atol=1e-5
+    )
+    assert (sc.kl_ref[m] >= -1e-6).all()
+    assert score(agent, None, traj).kl_ref is None

@@ -150,6 +150,9 @@ def ablate(
     overwrite: bool = typer.Option(
         False, "--overwrite", help="Replace an existing ablation folder."
     ),
+    resume: bool = typer.Option(
+        False, "--resume", help="Keep the finished runs of --out (same config), redo the rest."
+    ),
 ) -> None:
     """Train every variant over seeds, then write the report.
 
@@ -171,7 +174,7 @@ def ablate(
         console.print(
             f"ablation: {n_var} variants x {seeds} seeds = {n_var * seeds} runs, {jobs} in parallel -> {out}"
         )
-    run_ablation(cfg, seeds, out, jobs=jobs, overwrite=overwrite, console=console)
+    run_ablation(cfg, seeds, out, jobs=jobs, overwrite=overwrite, console=console, resume=resume)
     _report(out)
 
 

@@ -29,7 +29,7 @@ from rich.progress import (
 
 from tokenergy.algos.ppo import train_ppo
 from tokenergy.config import RunConfig, apply_overrides, config_to_dict
-from tokenergy.runs import Run, latest_checkpoint, prepare_run_dir
+from tokenergy.runs import Run, RunDirError, latest_checkpoint, prepare_run_dir
 
 __all__ = ["RunSpec", "plan_ablation", "plan_lm_ablation", "run_ablation", "run_training"]
 
@@ -196,7 +196,7 @@ def _worker(spec: RunSpec, q: Any) -> str:
         q.put((spec.label, it, n, _status(row)))
 
     train, _ = _trainer(spec.cfg)
-    with Run(spec.out, spec.cfg) as run:
+    with Run(spec.out, spec.cfg, overwrite=True) as run:  # a fresh folder or an unfinished run
         train(spec.cfg, run, progress)
     return spec.label
 
@@ -208,14 +208,21 @@ def run_ablation(
     jobs: int = 1,
     overwrite: bool = False,
     console: Console | None = None,
+    resume: bool = False,
 ) -> list[RunSpec]:
     """Train every variant over ``seeds`` seeds into ``out``; returns the specs that ran.
 
     An LM ablation runs in two phases: the shared SFT runs, then the RL runs from them.
+    With ``resume`` the runs of ``out`` that finished are kept (their config must match the
+    plan's, else a :class:`RunDirError` names the run and field) and the others start over.
     """
     lm = getattr(base, "kind", "vector") == "lm"
     phases = list(plan_lm_ablation(base, seeds, out)) if lm else [plan_ablation(base, seeds, out)]
-    root = prepare_run_dir(out, overwrite)
+    if resume and Path(out).is_dir():
+        root = Path(out)
+        phases = [[s for s in specs if not _finished(s)] for specs in phases]
+    else:
+        root = prepare_run_dir(out, overwrite)
     meta = {"seeds": seeds, "variants": list(base.ablation.variants)}
     if lm:
         meta["envs"] = list(base.ablation.envs or {base.env.name: {}})
@@ -223,8 +230,36 @@ def run_ablation(
         yaml.safe_dump({**meta, "base": config_to_dict(base)}, sort_keys=False)
     )
     for specs in phases:
-        _run_specs(specs, jobs, console)
+        if specs:
+            _run_specs(specs, jobs, console)
     return [s for specs in phases for s in specs]
+
+
+def _finished(spec: RunSpec) -> bool:
+    """Whether ``spec.out`` holds this run, finished; a finished run under another config is
+    an error (resuming must not mix two plans in one table)."""
+    if getattr(spec.cfg, "kind", "vector") == "lm":
+        done = (spec.out / "agent").is_dir()
+    else:
+        ckpt = latest_checkpoint(spec.out) if (spec.out / "checkpoints").is_dir() else None
+        done = (
+            ckpt is not None
+            and int(json.loads((ckpt / "state.json").read_text())["iteration"])
+            >= spec.cfg.num_iterations
+        )
+    if not done:
+        return False
+    saved = yaml.safe_load((spec.out / "config.yaml").read_text()) or {}
+    planned = config_to_dict(spec.cfg)
+    # An SFT run is reused by RL runs whatever their RL and evaluation settings.
+    keys = ["env", "model", "sft", "seed"] if spec.variant.endswith("/sft") else planned
+    for key in keys:
+        if key not in ("log", "name") and saved.get(key) != planned.get(key):
+            raise RunDirError(
+                f"--resume: {spec.out} was trained with a different {key!r} "
+                f"({saved.get(key)!r}, plan: {planned.get(key)!r}); use another --out"
+            )
+    return True
 
 
 def _run_specs(specs: list[RunSpec], jobs: int, console: Console | None) -> None:
