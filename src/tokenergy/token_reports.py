@@ -171,7 +171,8 @@ def write_token_report(run_dir: str | Path, per_iteration: int = 1) -> Path | No
     ax.set_ylabel("mean token energy")
     ax.set_title("energy over turns")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     png = out / "energy_turns.png"
     fig.savefig(png, dpi=110)
@@ -374,7 +375,8 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         ax.set_title(f"{env}: {metric}")
         ax.set_xlabel("RL iteration (0 = SFT start)")
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="best")
+    if axes[0][-1].get_legend_handles_labels()[0]:
+        axes[0][-1].legend(fontsize=7, loc="best")
     fig.tight_layout()
     curves_png = out / "curves.png"
     fig.savefig(curves_png, dpi=110)
@@ -419,7 +421,8 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         ax.set_xlabel("RL iteration")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=6, loc="best")
+    if axes[0][-1].get_legend_handles_labels()[0]:
+        axes[0][-1].legend(fontsize=6, loc="best")
     fig.tight_layout()
     diag_png = out / "diagnose.png"
     fig.savefig(diag_png, dpi=110)

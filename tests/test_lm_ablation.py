@@ -1,0 +1,69 @@
+"""LM ablations: the plan (shared SFT per env and seed), a small end-to-end ablation with its
+report and per-token pictures, and --resume keeping finished runs."""
+
+import pytest
+
+from test_lm import tiny_cfg
+from tokenergy.config import apply_overrides
+from tokenergy.experiments import plan_lm_ablation, run_ablation
+from tokenergy.runs import RunDirError
+from tokenergy.token_reports import is_lm_ablation, write_lm_ablation_report
+
+
+def _base(**over):
+    return tiny_cfg(
+        **{
+            "sft.episodes": 8,
+            "sft.batch_size": 4,
+            "algo.iterations": 2,
+            "eval.every": 1,
+            "eval.diagnose_seeds": 2,
+            "eval.diagnose_group": 2,
+            "ablation.variants": {"ppo": {}, "actfocus-ppo": {"energy.weighting": "actfocus"}},
+            "ablation.envs": {
+                "frozenlake": {},
+                "sokoban": {"env.name": "sokoban", "env.kwargs": {"size": 5}},
+            },
+            **over,
+        }
+    )
+
+
+def test_plan_shares_one_sft_agent_per_env_and_seed(tmp_path):
+    sft, rl = plan_lm_ablation(_base(), 2, tmp_path)
+    assert [s.variant for s in sft] == ["frozenlake/sft"] * 2 + ["sokoban/sft"] * 2
+    assert len(rl) == 2 * 2 * 2
+    for spec in rl:
+        env, variant = spec.variant.split("/")
+        k = spec.out.name
+        assert spec.cfg.model.path == str(tmp_path / env / "sft" / k / "agent")
+        assert spec.cfg.sft.episodes == 0
+        assert spec.cfg.env.name == env
+        assert spec.cfg.energy.weighting == ("actfocus" if variant == "actfocus-ppo" else "none")
+    # the sokoban overrides replace frozenlake's arguments instead of merging into them
+    assert rl[-1].cfg.env.kwargs == {"size": 5}
+    with pytest.raises(ValueError, match="'sft' names the shared SFT runs"):
+        plan_lm_ablation(_base(**{"ablation.variants": {"sft": {}}}), 1, tmp_path)
+
+
+def test_small_ablation_report_and_resume(tmp_path):
+    out = tmp_path / "abl"
+    base = _base(**{"ablation.envs": {"frozenlake": {}}})
+    ran = run_ablation(base, 1, out)
+    assert len(ran) == 3  # one SFT, two RL runs
+    assert is_lm_ablation(out)
+    folder, md = write_lm_ablation_report(out)
+    lines = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert lines[0].startswith("| variant | frozenlake")
+    assert [ln.split("|")[1].strip() for ln in lines[1:]] == ["SFT start", "ppo", "actfocus-ppo"]
+    for name in ("report.md", "report.html", "curves.png", "diagnose.png"):
+        assert (folder / name).is_file()
+    tokens = (out / "frozenlake" / "actfocus-ppo" / "seed_0" / "report" / "tokens.html").read_text()
+    assert 'class="action"' in tokens and "energy" in tokens
+    metrics = (out / "frozenlake" / "ppo" / "seed_0" / "metrics.jsonl").read_text()
+
+    assert run_ablation(base, 1, out, resume=True) == []  # everything finished: nothing reruns
+    assert (out / "frozenlake" / "ppo" / "seed_0" / "metrics.jsonl").read_text() == metrics
+    changed = apply_overrides(base, {"sft.epochs": 2})
+    with pytest.raises(RunDirError, match="different 'sft'"):
+        run_ablation(changed, 1, out, resume=True)
