@@ -66,3 +66,20 @@ def test_zero_weights_stop_the_gradient_and_energy_gets_none():
     assert grad[1] == 0 and grad[2] == 0 and grad[5] == 0  # reasoning and format tokens
     assert grad[3] != 0 and grad[4] != 0  # action tokens carry the whole signal
     assert energy.grad is None
+
+
+def test_an_unused_reference_energy_costs_nothing(tmp_path):
+    """Without a KL penalty and with the energy unused, no reference is kept and the reference
+    energy is not logged; using it (ActFocus) brings the reference back."""
+    from tokenergy.algos.lm import train_lm
+
+    plain = tiny_cfg(**{"algo.kl_coef": 0.0})
+    assert not plain.energy.needs_reference
+    res = train_lm(plain)
+    assert "energy/mean" not in res.history[-1] and "kl/ref" in res.history[-1]
+    used = tiny_cfg(**{"algo.kl_coef": 0.0, "energy.weighting": "actfocus"})
+    assert used.energy.needs_reference
+    row = train_lm(used).history[-1]
+    assert row["energy/action"] > 0  # -log pi_ref of sampled tokens
+    entropy_only = tiny_cfg(**{"algo.kl_coef": 0.0, "energy.source": "entropy"})
+    assert "energy/mean" in train_lm(entropy_only).history[-1]

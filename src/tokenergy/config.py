@@ -558,8 +558,14 @@ class TokenEnergyConfig:
             )
 
     @property
+    def reads_reference(self) -> bool:
+        return self.source in ("ref_surprisal", "kl_ref")
+
+    @property
     def needs_reference(self) -> bool:
-        return self.source in ("ref_surprisal", "kl_ref") or self.prior_beta > 0
+        """Whether the run must keep a frozen reference for the energy's sake (a source that
+        reads it is only logged, not computed, when nothing uses it and there is none)."""
+        return (self.reads_reference and self.active) or self.prior_beta > 0
 
     @property
     def active(self) -> bool:

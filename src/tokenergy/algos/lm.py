@@ -246,7 +246,7 @@ def _write_samples(
     sc: Scored,
     adv,
     tokenizer,
-    energy: torch.Tensor,
+    energy: torch.Tensor | None,
     weights: torch.Tensor | None,
     k: int = 2,
 ):
@@ -254,24 +254,21 @@ def _write_samples(
     with open(run.path / "samples.jsonl", "a") as f:
         for i in range(min(k, traj.batch_size)):
             n = int(traj.last_index[i]) + 1
-            f.write(
-                json.dumps(
-                    {
-                        "iteration": iteration,
-                        "episode": i,
-                        "return": float(traj.episode_return[i]),
-                        "success": bool(traj.success[i]),
-                        "tokens": tokenizer.convert_ids_to_tokens(traj.tokens[i, :n].tolist()),
-                        "roles": traj.roles[i, :n].tolist(),
-                        "logprob": [round(x, 4) for x in sc.logprobs[i, :n].tolist()],
-                        "advantage": [round(x, 4) for x in adv[i, :n].tolist()],
-                        "energy": [round(x, 4) for x in energy[i, :n].tolist()],
-                        "weight": [round(x, 4) for x in w[i, :n].tolist()],
-                        "reward": [round(x, 4) for x in traj.rewards[i, :n].tolist()],
-                    }
-                )
-                + "\n"
-            )
+            record = {
+                "iteration": iteration,
+                "episode": i,
+                "return": float(traj.episode_return[i]),
+                "success": bool(traj.success[i]),
+                "tokens": tokenizer.convert_ids_to_tokens(traj.tokens[i, :n].tolist()),
+                "roles": traj.roles[i, :n].tolist(),
+                "logprob": [round(x, 4) for x in sc.logprobs[i, :n].tolist()],
+                "advantage": [round(x, 4) for x in adv[i, :n].tolist()],
+                "weight": [round(x, 4) for x in w[i, :n].tolist()],
+                "reward": [round(x, 4) for x in traj.rewards[i, :n].tolist()],
+            }
+            if energy is not None:
+                record["energy"] = [round(x, 4) for x in energy[i, :n].tolist()]
+            f.write(json.dumps(record) + "\n")
 
 
 def _diagnose(agent, cfg: LMRunConfig, generator: torch.Generator) -> dict[str, float]:
@@ -413,19 +410,21 @@ def train_lm(
         rewards = traj.rewards.clone()
         if a.kl_coef > 0 and a.kl_in == "reward":
             rewards = rewards - a.kl_coef * kl_tok
-        energy = None if credit.needs_advantages else credit.energy(traj, sc)
+        # A source that reads the reference is skipped when the run has none (energy unused).
+        has_energy = ref is not None or not cfg.energy.reads_reference
+        energy = credit.energy(traj, sc) if has_energy and not credit.needs_advantages else None
         if energy is not None:
             rewards = credit.shape(rewards, energy, traj, iteration)
         res = advantage_fn(traj, sc, rewards, a)
         advantages = res.advantages
         adv_loss = whiten(advantages, mask) if a.norm_adv else advantages
-        if energy is None:
+        if has_energy and energy is None:
             energy = credit.energy(traj, sc, whiten(advantages, mask))
-        weights = credit.weights(energy, traj, iteration, gen)
+        weights = credit.weights(energy, traj, iteration, gen) if has_energy else None
         prior_coef = credit.prior_coef(iteration)
-        credit.update_learned(
-            traj, solver_batch(cfg, tok, seeds) if cfg.energy.source == "discriminator" else None
-        )
+        if has_energy:
+            solver = solver_batch(cfg, tok, seeds) if cfg.energy.source == "discriminator" else None
+            credit.update_learned(traj, solver)
 
         # ---- update -------------------------------------------------------------------------
         agent.train()
@@ -544,7 +543,8 @@ def train_lm(
             row["loss/entropy_bonus"] = means["entropy_bonus"]
         if "prior_kl" in means:
             row["loss/prior_kl"] = means["prior_kl"]
-        row.update(credit.metrics(energy, weights, traj, iteration))
+        if energy is not None:
+            row.update(credit.metrics(energy, weights, traj, iteration))
         last = iteration + 1 == n_iters
         if (iteration + 1) % cfg.eval.every == 0 or last:
             ev = evaluate(agent, cfg)
