@@ -1,5 +1,7 @@
 """Config validation: unknown keys with suggestions, wrong types, ranges, combinations."""
 
+from pathlib import Path
+
 import pytest
 
 from tokenergy.config import (
@@ -113,3 +115,27 @@ def test_shipped_presets_load():
                 load_config(p)
             continue
         load_config(p)
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ({"energy.lam": 1.5}, r"energy.lam: must be in \[0, 1\], got 1.5"),
+        ({"energy.lam_final": -0.1}, r"energy.lam_final: must be in \[0, 1\]"),
+        ({"energy.tau": 0.0}, r"energy.tau: must be in \(0"),
+        (
+            {"energy.weighting": "actfokus"},
+            r"energy.weighting: unknown token weighting 'actfokus'.*'actfocus'",
+        ),
+        ({"energy.source": "kl"}, r"energy.source: unknown token energy source 'kl'"),
+        ({"energy.shuffle": True}, r"energy.shuffle: shuffling uniform weights"),
+        (
+            {"energy.source": "advantage", "energy.reward_beta": 0.1},
+            r"energy.reward_beta: the advantage energy",
+        ),
+        ({"energy.top_rho": 0.0}, r"energy.top_rho: must be in \(0, 1\]"),
+    ],
+)
+def test_lm_energy_config_errors_name_the_field(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(Path(__file__).parent.parent / "configs" / "sokoban-ppo.yaml", override)

@@ -556,6 +556,12 @@ class TokenEnergyConfig:
             raise ConfigError(
                 "shuffle", "shuffling uniform weights changes nothing; set energy.weighting too"
             )
+        if self.reward_beta > 0 and self.source == "advantage":
+            raise ConfigError(
+                "reward_beta",
+                "the advantage energy is computed from the advantages, so it cannot shape the "
+                "rewards they are computed from; choose another energy.source",
+            )
 
     @property
     def reads_reference(self) -> bool:
