@@ -482,7 +482,10 @@ def train_lm(
                 if prior_coef > 0:
                     # pi_E ∝ exp(-E_vocab / tau) with E_vocab = -log pi_ref: a softened reference.
                     with torch.no_grad():
-                        ref_logits = ref(input_ids=tokens, use_cache=False).logits[:, :-1]
+                        attn = traj.attention_mask[idx, cols].to(device)
+                        ref_logits = ref(
+                            input_ids=tokens, attention_mask=attn, use_cache=False
+                        ).logits[:, :-1]
                     prior = energy_prior_kl(
                         out.logits[:, :-1],
                         -torch.log_softmax(ref_logits.float(), -1),
