@@ -280,6 +280,9 @@ def test_role_reward_correlation_hand_example():
     assert out["corr_action"] == pytest.approx(1.0)
     assert out["corr_reasoning"] == pytest.approx(0.0, abs=1e-9)
     assert out["share_action"] == pytest.approx(0.5) and out["groups_action"] == 2
+    # one token per role and episode: means equal sums
+    assert out["corr_mean_action"] == pytest.approx(1.0)
+    assert out["corr_mean_reasoning"] == pytest.approx(0.0, abs=1e-9)
     # a group with a constant return says nothing and is skipped
     flat = role_reward_correlation(logprobs, roles, mask, torch.zeros(6), groups)
     assert math.isnan(flat["corr_action"]) and flat["groups_action"] == 0
@@ -313,3 +316,14 @@ def test_score_keeps_the_per_token_quantities_the_sources_read():
     )
     assert (sc.kl_ref[m] >= -1e-6).all()
     assert score(agent, None, traj).kl_ref is None
+
+
+def test_mean_correlation_removes_the_length_effect():
+    # Every action token has log-prob -1; episodes differ only in how many they wrote.
+    roles = torch.tensor([[A, A, A]] * 3)
+    mask = torch.tensor([[True, False, False], [True, True, False], [True, True, True]])
+    out = role_reward_correlation(
+        -torch.ones(3, 3), roles, mask, torch.tensor([3.0, 2.0, 1.0]), torch.zeros(3)
+    )
+    assert out["corr_action"] == pytest.approx(1.0)  # the sum only counts tokens
+    assert math.isnan(out["corr_mean_action"])  # the mean is the same in every episode

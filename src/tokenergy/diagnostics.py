@@ -51,7 +51,9 @@ def role_reward_correlation(
     Returns:
         ``corr_<role>`` (NaN when no group has both sides varying), ``share_<role>`` (the
         role's share of the agent's tokens) and ``groups_<role>`` (groups that counted), for
-        ``reasoning`` and ``action``.
+        ``reasoning`` and ``action``; and ``corr_mean_<role>``, the same with the role's *mean*
+        token log-probability, which removes what the sums share with episode length (a
+        longer episode has a more negative sum in every role).
     """
     out: dict[str, float] = {}
     m = mask.bool()
@@ -59,16 +61,19 @@ def role_reward_correlation(
     for role in DIAG_ROLES:
         rm = m & (roles == int(role))
         sums = (logprobs.double() * rm).sum(1)
-        cs = []
-        for g in torch.unique(groups):
-            rows = groups == g
-            c = _corr(sums[rows], returns[rows])
-            if c is not None:
-                cs.append(abs(c))
+        means = sums / rm.sum(1).clamp(min=1)
         name = role.name.lower()
-        out[f"corr_{name}"] = sum(cs) / len(cs) if cs else float("nan")
+        for key, per_episode in ((f"corr_{name}", sums), (f"corr_mean_{name}", means)):
+            cs = []
+            for g in torch.unique(groups):
+                rows = groups == g
+                c = _corr(per_episode[rows], returns[rows])
+                if c is not None:
+                    cs.append(abs(c))
+            out[key] = sum(cs) / len(cs) if cs else float("nan")
+            if key == f"corr_{name}":
+                out[f"groups_{name}"] = float(len(cs))
         out[f"share_{name}"] = int(rm.sum()) / total
-        out[f"groups_{name}"] = float(len(cs))
     return out
 
 
