@@ -17,6 +17,7 @@ ENV_ARGS = {
     "frozenlake": [{}, {"is_slippery": True}, {"map_size": 5}],
     "sokoban": [{}, {"num_boxes": 2, "size": 7}],
     "sudoku4": [{}, {"num_holes": 10}],
+    "tree_search": [{}, {"k": 3, "depth": 3, "goal": "zipf"}],
 }
 ALL = [(n, kw) for n, kws in ENV_ARGS.items() for kw in kws]
 
@@ -35,7 +36,7 @@ def play_solver(env, seed):
 
 
 def test_registry_lists_the_envs():
-    assert {"frozenlake", "sokoban", "sudoku4"} <= set(TEXT_ENVS)
+    assert {"frozenlake", "sokoban", "sudoku4", "tree_search"} <= set(TEXT_ENVS)
     with pytest.raises(KeyError, match="did you mean 'sokoban'"):
         make("sokoban2")
 
@@ -59,8 +60,13 @@ def test_env_checker_and_determinism(name, kwargs):
             with pytest.raises(RuntimeError, match="reset"):
                 a.step(text)
             break
-    # a different seed gives a different level (over a few seeds)
-    assert len({make(name, **kwargs).reset(seed=s)[0] for s in range(5)}) > 1
+
+    # a different seed gives a different level (over a few seeds); tree_search hides its goal
+    def level(seed):
+        env = make(name, **kwargs)
+        return env.reset(seed=seed)[0] + str(getattr(env, "goal", ""))
+
+    assert len({level(s) for s in range(5)}) > 1
 
 
 @pytest.mark.parametrize(("name", "kwargs"), ALL)
@@ -84,11 +90,14 @@ def test_clone_is_independent(name, kwargs):
         ("sokoban", {"num_boxes": 2, "size": 7}),
         ("sudoku4", {}),
         ("sudoku4", {"num_holes": 10}),
+        ("tree_search", {"k": 3, "depth": 3}),
     ],
 )
 def test_solver_solves_every_generated_level(name, kwargs):
     for seed in range(60):
-        info = play_solver(make(name, **kwargs, max_steps=40), seed)
+        # tree_search's budget (k^depth leaf visits) is its step limit
+        steps = {} if name == "tree_search" else {"max_steps": 40}
+        info = play_solver(make(name, **kwargs, **steps), seed)
         assert info["success"], f"{name} {kwargs} seed {seed}"
 
 
@@ -269,3 +278,76 @@ def test_arbitrary_text_never_raises(name, kwargs, text):
     if info["invalid"]:
         assert obs == before and r == env.invalid_penalty  # state unchanged
     assert env.steps == 1
+
+
+# --------------------------------------------------------------------------- tree_search
+
+
+def test_tree_search_hand_worked_episode():
+    env = make("tree_search", k=2, depth=2)
+    assert env.reset(seed=0, options={"goal": (1, 0)})[0] == "at root . depth 0 of 2"
+    steps = [env.step(answer(m)) for m in ("1", "1", "2", "1")]
+    assert [s[0] for s in steps] == [
+        "at node 1 . depth 1 of 2",
+        "FAIL . back at root . depth 0 of 2",
+        "at node 2 . depth 1 of 2",
+        "goal found",
+    ]
+    assert [s[1] for s in steps] == [0.0, 0.0, 0.0, 1.0]
+    assert steps[-1][2] and steps[-1][4]["success"]
+    assert env.visited == [(0, 0), (1, 0)]
+
+
+def test_tree_search_discount_budget_and_chained_moves():
+    env = make("tree_search", k=2, depth=2, gamma=0.9)
+    env.reset(options={"goal": (1, 1)})
+    (*_,) = env.step(answer("1 || 2"))  # one turn, two moves: leaf (0, 1), FAIL
+    obs, r, term, trunc, _ = env.step(answer("2 || 2"))  # moves 2 and 3: the goal at t = 3
+    assert (r, term) == (pytest.approx(0.9**3), True)
+    env = make("tree_search", k=2, depth=2, budget=2)
+    env.reset(options={"goal": (1, 1)})
+    for m in ("1", "1", "1"):
+        assert env.step(answer(m))[3] is False
+    *_, term, trunc, info = env.step(answer("2"))  # the second leaf visit spends the budget
+    assert (term, trunc, info["success"]) == (False, True, False)
+    env = make("tree_search", k=2, depth=2)
+    env.reset(options={"goal": (0, 0)})
+    obs, r, *_, info = env.step(answer("3"))  # no child 3 in a binary tree
+    assert info["invalid"] and obs == "at root . depth 0 of 2" and r == 0.0
+    with pytest.raises(ValueError, match="k must be"):
+        make("tree_search", k=1)
+    with pytest.raises(ValueError, match="goal must be"):
+        make("tree_search").reset(options={"goal": (0, 5)})
+
+
+def test_tree_search_solver_is_dfs_without_revisits():
+    k, d = 3, 3
+    for goal in [(0, 0, 0), (2, 2, 2), (1, 0, 2)]:
+        env = make("tree_search", k=k, depth=d)
+        env.reset(options={"goal": goal})
+        while not env.done:
+            env.step(env.solver_turn())
+        assert env.found and len(set(env.visited)) == len(env.visited)
+        # index-order DFS: the goal is the (goal as a base-k number + 1)-th leaf visited
+        assert len(env.visited) == sum(g * k ** (d - 1 - i) for i, g in enumerate(goal)) + 1
+
+
+def test_tree_search_zipf_goals_and_ranked_solver():
+    env = make("tree_search", k=3, depth=1, goal="zipf", zipf_s=1.0)
+    firsts = []
+    for seed in range(3000):
+        env.reset(seed=seed)
+        firsts.append(env.goal[0])
+    freq = np.bincount(firsts, minlength=3) / len(firsts)
+    expected = np.array([1, 1 / 2, 1 / 3]) / (1 + 1 / 2 + 1 / 3)
+    assert np.allclose(freq, expected, atol=0.03)
+    # with goals likelier on low branches, ranked DFS finds them in fewer leaf visits on average
+    # than the uniform mean (k^d + 1) / 2
+    env = make("tree_search", k=3, depth=2, goal="zipf", zipf_s=1.5)
+    visits = []
+    for seed in range(300):
+        env.reset(seed=seed)
+        while not env.done:
+            env.step(env.solver_turn())
+        visits.append(len(env.visited))
+    assert np.mean(visits) < (3**2 + 1) / 2 - 1.5
