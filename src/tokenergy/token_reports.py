@@ -344,15 +344,19 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     md_table = "\n".join(md)
 
     def delta(a: str, b: str) -> str:
+        # Paired by seed: both variants of a seed start from the same SFT agent.
         parts = []
         for env in envs:
             x, y = finals.get((env, a), []), finals.get((env, b), [])
-            if x and y:
-                parts.append(f"{env} {100 * (statistics.mean(x) - statistics.mean(y)):+.1f}")
+            if x and y and len(x) == len(y):
+                d = [100 * (p - q) for p, q in zip(x, y, strict=True)]
+                sd = statistics.stdev(d) if len(d) > 1 else 0.0
+                wins = sum(v > 0 for v in d)
+                parts.append(f"{env} {statistics.mean(d):+.1f} ± {sd:.1f} ({wins}/{len(d)} seeds)")
         return ", ".join(parts)
 
     deltas = [
-        f"- {a} − {b} (points): {d}"
+        f"- {a} − {b} (points, paired by seed, mean ± std): {d}"
         for a, b in (("actfocus-ppo", "ppo"), ("actfocus-grpo", "grpo"), ("actfocus-ppo", "grpo"))
         if a in variants and b in variants and (d := delta(a, b))
     ]
