@@ -357,7 +357,14 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
 
     deltas = [
         f"- {a} − {b} (points, paired by seed, mean ± std): {d}"
-        for a, b in (("actfocus-ppo", "ppo"), ("actfocus-grpo", "grpo"), ("actfocus-ppo", "grpo"))
+        for a, b in (
+            ("actfocus-ppo", "ppo"),
+            ("actfocus-grpo", "grpo"),
+            ("actfocus-ppo", "grpo"),
+            ("downweight-only", "ppo"),
+            ("redistribute-only", "ppo"),
+            ("actfocus-ppo", "shuffled"),
+        )
         if a in variants and b in variants and (d := delta(a, b))
     ]
 
