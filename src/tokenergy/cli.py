@@ -207,10 +207,12 @@ def _report(root: Path, metric: str | None = None, threshold: float | None = Non
 
     if is_lm_ablation(root):
         folder, md = write_lm_ablation_report(root)
-        _print_table(md, f"{root}: final-step success")
+        _print_table(md, f"{root}: final-step held-out success (mean ± std over seeds)")
         console.print(
             f"report: {folder / 'report.html'} (also report.md, curves.png, diagnose.png)"
         )
+        for page in sorted(root.glob("*/*/seed_0/report/tokens.html")):
+            console.print(f"per-token heatmaps: {page}")
         return
     _print_report(root, write_report(root, metric, threshold))
     tokens = write_token_report(root)
