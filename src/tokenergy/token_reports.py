@@ -157,9 +157,17 @@ def write_token_report(run_dir: str | Path, per_iteration: int = 1) -> Path | No
     first, last = iterations[0], iterations[-1]
     early = [s for s in samples if s["iteration"] == first]
     late = [s for s in samples if s["iteration"] == last]
+    # The curves average the first and the last third of the logged iterations.
+    third = max(1, len(iterations) // 3)
+    early_its, late_its = iterations[:third], iterations[-third:]
+    early_all = [s for s in samples if s["iteration"] in early_its]
+    late_all = [s for s in samples if s["iteration"] in late_its]
+
+    def span(its: list[int]) -> str:
+        return f"iteration {its[0]}" if len(its) == 1 else f"iterations {its[0]}–{its[-1]}"
 
     fig, ax = plt.subplots(figsize=(6.4, 3.6))
-    for group, ls, label in ((early, "--", f"iteration {first}"), (late, "-", f"iteration {last}")):
+    for group, ls, label in ((early_all, "--", span(early_its)), (late_all, "-", span(late_its))):
         for role, color in ((Role.REASONING, "tab:purple"), (Role.ACTION, "tab:orange")):
             turns, mean = _energy_by_turn(group, role)
             if turns:
@@ -169,7 +177,7 @@ def write_token_report(run_dir: str | Path, per_iteration: int = 1) -> Path | No
                 )  # fmt: skip
     ax.set_xlabel("turn")
     ax.set_ylabel("mean token energy")
-    ax.set_title("energy over turns")
+    ax.set_title(f"energy over turns ({len(early_all)} and {len(late_all)} logged trajectories)")
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
