@@ -27,7 +27,18 @@ def run(*args, cwd=None):
 
 
 @pytest.mark.parametrize(
-    "cmd", [[], ["train"], ["ablate"], ["report"], ["config"], ["eval"], ["play"]]
+    "cmd",
+    [
+        [],
+        ["train"],
+        ["ablate"],
+        ["report"],
+        ["config"],
+        ["eval"],
+        ["play"],
+        ["diagnose"],
+        ["search"],
+    ],
 )
 def test_help(cmd):
     res = run(*cmd, "--help")
@@ -155,6 +166,16 @@ def test_lm_train_then_eval_end_to_end(tmp_path):
     assert res.returncode == 0, res.stderr
     result = json.loads((out / "eval.json").read_text())
     assert 0.0 <= result["eval/success"] <= 1.0 and result["eval/turns"] >= 1
+    res = run("search", str(out), "--algo", "beam", "--episodes", "2", "--width", "2")
+    assert res.returncode == 0, res.stderr
+    rows = json.loads((out / "search-beam.json").read_text())
+    assert [r["method"] for r in rows] == ["greedy", "sampled", "beam (width 2, c 1)"]
+    res = run("diagnose", str(out), "--now", "--seeds", "2", "--group", "2")
+    assert res.returncode == 0, res.stderr
+    assert (out / "report" / "diagnose.png").is_file() and "action" in res.stdout
+    res = run("report", str(out))
+    assert res.returncode == 0, res.stderr
+    assert "per-token pictures" in res.stdout and (out / "report" / "tokens.html").is_file()
 
 
 def test_lm_errors_are_one_line(tmp_path):

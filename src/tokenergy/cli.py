@@ -323,6 +323,52 @@ def diagnose(
     console.print(f"picture: {png}")
 
 
+@app.command()
+def search(
+    run_dir: Path = typer.Argument(..., help="A language-model agent's run folder."),
+    algo: str = typer.Option("mcts", "--algo", help="mcts, beam or best_of_n."),
+    episodes: int = typer.Option(32, "--episodes", min=1, help="Held-out episodes."),
+    simulations: int = typer.Option(64, "--simulations", min=1, help="mcts: simulations per move."),
+    c_puct: float = typer.Option(1.5, "--c-puct", min=0.0, help="mcts: exploration constant."),
+    width: int = typer.Option(4, "--width", min=1, help="beam: width."),
+    c_value: float = typer.Option(1.0, "--c-value", help="beam: weight of the value head."),
+    n: int = typer.Option(8, "--n", min=1, help="best_of_n: sampled episodes per seed."),
+) -> None:
+    """Inference-time search against greedy decoding and sampling, on the same held-out seeds:
+    success, return, tokens generated and seconds per episode."""
+    import json
+
+    from rich.progress import Progress
+
+    from tokenergy.algos.ppo import resolve_device
+    from tokenergy.models import load_agent
+    from tokenergy.search import compare
+
+    cfg = load_config(run_dir / "config.yaml")
+    if cfg.kind != "lm":
+        raise ValueError(f"{str(run_dir)!r} is a {cfg.kind!r} run; search is for LM agents")
+    agent_dir = run_dir / "agent"
+    if not agent_dir.is_dir():
+        raise RunDirError(f"{str(agent_dir)!r} not found: the run has not finished")
+    agent = load_agent(agent_dir).to(resolve_device(cfg.device)).eval()
+    with Progress(console=console, transient=True) as bar:
+        task = bar.add_task(f"{algo} on {episodes} seeds", total=episodes)
+        rows = compare(
+            agent, cfg, algo, episodes, simulations, width, c_value, n, c_puct,
+            progress=lambda i, _n: bar.update(task, completed=i),
+        )  # fmt: skip
+    table = Table(title=f"{run_dir}: {cfg.env.name}, {episodes} held-out seeds")
+    for col in ("method", "success", "return", "tokens / episode", "s / episode"):
+        table.add_column(col, justify="left" if col == "method" else "right")
+    for r in rows:
+        table.add_row(
+            r["method"], f"{r['success']:.3f}", f"{r['return']:+.3f}",
+            f"{r['tokens_per_episode']:,.0f}", f"{r['seconds_per_episode']:.2f}",
+        )  # fmt: skip
+    console.print(table)
+    (run_dir / f"search-{algo}.json").write_text(json.dumps(rows, indent=2))
+
+
 @app.command(context_settings=_OVERRIDES)
 def play(
     ctx: typer.Context,

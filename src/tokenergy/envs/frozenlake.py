@@ -173,6 +173,9 @@ class FrozenLakeText(TextEnv):
             pos = self._move(pos, a)
         return plan
 
+    def legal_actions(self) -> list[str]:
+        return list(MOVES)
+
     def random_action(self, rng: np.random.Generator) -> str:
         return MOVES[int(rng.integers(4))]
 

@@ -232,6 +232,9 @@ class SokobanText(TextEnv):
         plan = self.plan()
         return MOVES[plan[0]] if plan else MOVES[0]  # a stuck room has no plan: any move
 
+    def legal_actions(self) -> list[str]:
+        return list(MOVES)
+
     def random_action(self, rng: np.random.Generator) -> str:
         return MOVES[int(rng.integers(4))]
 

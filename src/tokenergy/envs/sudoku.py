@@ -133,6 +133,13 @@ class Sudoku4Text(TextEnv):
         r, c = self._pick()
         return f"{r + 1} {c + 1} {self.solution[r, c]}"
 
+    def legal_actions(self) -> list[str]:
+        return [
+            f"{r + 1} {c + 1} {v}"
+            for r, c in np.argwhere(self.grid == 0).tolist()
+            for v in candidates(self.grid, r, c)
+        ]
+
     def random_action(self, rng: np.random.Generator) -> str:
         r, c, v = (int(x) for x in rng.integers(1, N + 1, size=3))
         return f"{r} {c} {v}"

@@ -131,6 +131,10 @@ class TextEnv(abc.ABC):
         """The solver's whole turn text for the current state."""
         return format_turn(self.reasoning(), [self.solver_action()])
 
+    def legal_actions(self) -> list[str]:
+        """Every move text that is legal now, in a fixed order (for search)."""
+        raise NotImplementedError(f"{self.name} does not list its legal actions")
+
     # ---- parsing ---------------------------------------------------------------------------
 
     def _moves(self, text: Any) -> list[Any] | None:

@@ -137,6 +137,9 @@ class TextWorldText(TextEnv):
         # The first feedback opens with an ASCII-art banner: show the goal and the room instead.
         self._first = f"{self.state.objective} {self.state.description}"
 
+    def legal_actions(self) -> list[str]:
+        return list(self.state.admissible_commands or [])
+
     def _parse(self, move: str) -> str | None:
         wanted = " ".join(move.lower().split())
         for cmd in self.state.admissible_commands or []:

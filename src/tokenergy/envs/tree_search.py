@@ -140,6 +140,9 @@ class TreeSearchText(TextEnv):
                 return str(child + 1)
         return str(self._order()[0] + 1)  # every leaf tried (cannot happen within the budget)
 
+    def legal_actions(self) -> list[str]:
+        return [str(i + 1) for i in range(self.k)]
+
     def random_action(self, rng: np.random.Generator) -> str:
         return str(int(rng.integers(self.k)) + 1)
 
