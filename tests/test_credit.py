@@ -80,6 +80,6 @@ def test_an_unused_reference_energy_costs_nothing(tmp_path):
     used = tiny_cfg(**{"algo.kl_coef": 0.0, "energy.weighting": "actfocus"})
     assert used.energy.needs_reference
     row = train_lm(used).history[-1]
-    assert row["energy/action"] > 0  # -log pi_ref of sampled tokens
+    assert row["energy/active"] == 1.0 and row["energy/reasoning"] > 0  # -log pi_ref of tokens
     entropy_only = tiny_cfg(**{"algo.kl_coef": 0.0, "energy.source": "entropy"})
     assert "energy/mean" in train_lm(entropy_only).history[-1]

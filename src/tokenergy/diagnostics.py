@@ -85,28 +85,15 @@ def action_bottleneck(agent, cfg, seeds: int, group: int, generator: torch.Gener
     The env seeds are held out (above ``eval.seed_offset + eval.episodes``), the same at every
     call, so values over training are comparable.
     """
-    from tokenergy.algos.lm import _envs
-    from tokenergy.rollout import collate, rollout, score
+    from tokenergy.algos.lm import run_episodes
+    from tokenergy.rollout import score
 
     base = cfg.eval.seed_offset + cfg.eval.episodes
     env_seeds = [base + i for i in range(seeds) for _ in range(group)]
     was_training = agent.training
     agent.eval()
-    eps = rollout(
-        agent.policy,
-        agent.tokenizer,
-        _envs(cfg, len(env_seeds)),
-        env_seeds,
-        groups=[i // group for i in range(len(env_seeds))],
-        max_turns=cfg.env.max_turns,
-        max_turn_tokens=cfg.rollout.max_turn_tokens,
-        max_tokens=cfg.rollout.max_tokens,
-        instructions=cfg.rollout.instructions,
-        temperature=cfg.rollout.temperature,
-        top_p=cfg.rollout.top_p,
-        generator=generator,
-    )
-    traj = collate(eps, agent.tokenizer.pad_token_id)
+    groups = [i // group for i in range(len(env_seeds))]
+    traj = run_episodes(agent, cfg, env_seeds, generator=generator, groups=groups)
     sc = score(agent, None, traj)
     agent.train(was_training)
     res = role_reward_correlation(

@@ -201,20 +201,8 @@ class TokenCredit:
                 self.learned.gen.set_state(state["learned_gen"])
 
 
-def solver_batch(cfg: LMRunConfig, tokenizer, seeds: list[int]):
+def solver_batch(cfg: LMRunConfig, agent, seeds: list[int]):
     """The scripted solver's episodes on ``seeds`` (the discriminator's positive examples)."""
-    from tokenergy.algos.lm import _envs, noisy_solver
-    from tokenergy.rollout import collate, rollout
+    from tokenergy.algos.lm import noisy_solver, run_episodes
 
-    eps = rollout(
-        None,
-        tokenizer,
-        _envs(cfg, len(seeds)),
-        seeds,
-        max_turns=cfg.env.max_turns,
-        max_turn_tokens=cfg.rollout.max_turn_tokens,
-        max_tokens=cfg.rollout.max_tokens,
-        instructions=cfg.rollout.instructions,
-        turn_fn=noisy_solver(0.0, np.random.default_rng(0)),
-    )
-    return collate(eps, tokenizer.pad_token_id)
+    return run_episodes(agent, cfg, seeds, turn_fn=noisy_solver(0.0, np.random.default_rng(0)))

@@ -137,6 +137,36 @@ def _envs(cfg: LMRunConfig, n: int) -> list[TextEnv]:
     return [make(cfg.env.name, **cfg.env.kwargs) for _ in range(n)]
 
 
+def run_episodes(
+    agent,
+    cfg: LMRunConfig,
+    seeds: list[int],
+    *,
+    temperature: float | None = None,
+    generator: torch.Generator | None = None,
+    groups: list[int] | None = None,
+    turn_fn: Callable[[TextEnv], str] | None = None,
+) -> Trajectories:
+    """Episodes of ``cfg``'s env on ``seeds`` with its rollout settings (the agent writing, or
+    ``turn_fn``), collated. ``temperature`` defaults to ``cfg.rollout.temperature``."""
+    eps = rollout(
+        agent.policy if turn_fn is None else None,
+        agent.tokenizer,
+        _envs(cfg, len(seeds)),
+        seeds,
+        groups=groups,
+        max_turns=cfg.env.max_turns,
+        max_turn_tokens=cfg.rollout.max_turn_tokens,
+        max_tokens=cfg.rollout.max_tokens,
+        instructions=cfg.rollout.instructions,
+        temperature=cfg.rollout.temperature if temperature is None else temperature,
+        top_p=cfg.rollout.top_p,
+        generator=generator,
+        turn_fn=turn_fn,
+    )
+    return collate(eps, agent.tokenizer.pad_token_id)
+
+
 def _episode_stats(traj: Trajectories, prefix: str) -> dict[str, float]:
     turns = traj.turns.float()
     agent_tokens = traj.mask.sum(1).float()
@@ -169,20 +199,8 @@ def evaluate(
     agent.eval()
     eps = []
     for start in range(0, n, 64):  # chunks bound the memory of one batched generation
-        k = min(64, n - start)
-        eps += rollout(
-            agent.policy,
-            agent.tokenizer,
-            _envs(cfg, k),
-            [offset + start + i for i in range(k)],
-            max_turns=cfg.env.max_turns,
-            max_turn_tokens=cfg.rollout.max_turn_tokens,
-            max_tokens=cfg.rollout.max_tokens,
-            instructions=cfg.rollout.instructions,
-            temperature=temp,
-            top_p=cfg.rollout.top_p,
-            generator=gen,
-        )
+        seeds = [offset + i for i in range(start, min(start + 64, n))]
+        eps += run_episodes(agent, cfg, seeds, temperature=temp, generator=gen).episodes
     agent.train(was_training)
     return _episode_stats(collate(eps, agent.tokenizer.pad_token_id), "eval")
 
@@ -197,18 +215,7 @@ def sft(
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     seeds = [int(x) for x in rng.integers(0, cfg.eval.seed_offset, size=s.episodes)]
-    eps = rollout(
-        agent.policy,
-        agent.tokenizer,
-        _envs(cfg, s.episodes),
-        seeds,
-        max_turns=cfg.env.max_turns,
-        max_turn_tokens=cfg.rollout.max_turn_tokens,
-        max_tokens=cfg.rollout.max_tokens,
-        instructions=cfg.rollout.instructions,
-        turn_fn=noisy_solver(s.epsilon, rng),
-    )
-    data = collate(eps, agent.tokenizer.pad_token_id)
+    data = run_episodes(agent, cfg, seeds, turn_fn=noisy_solver(s.epsilon, rng))
     device = agent.device
     trainable = [p for p in agent.policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=s.lr, weight_decay=0.0)
@@ -384,21 +391,7 @@ def train_lm(
         seeds = [int(s) for s in np.repeat(env_seeds, cfg.rollout.group_size)]
         groups = [i // cfg.rollout.group_size for i in range(len(seeds))]
         agent.eval()
-        eps = rollout(
-            agent.policy,
-            tok,
-            _envs(cfg, len(seeds)),
-            seeds,
-            groups=groups,
-            max_turns=cfg.env.max_turns,
-            max_turn_tokens=cfg.rollout.max_turn_tokens,
-            max_tokens=cfg.rollout.max_tokens,
-            instructions=cfg.rollout.instructions,
-            temperature=cfg.rollout.temperature,
-            top_p=cfg.rollout.top_p,
-            generator=gen,
-        )
-        traj = collate(eps, tok.pad_token_id)
+        traj = run_episodes(agent, cfg, seeds, generator=gen, groups=groups)
         episodes_done += traj.batch_size
         t_rollout = time.perf_counter() - t0
 
@@ -423,7 +416,9 @@ def train_lm(
         weights = credit.weights(energy, traj, iteration, gen) if has_energy else None
         prior_coef = credit.prior_coef(iteration)
         if has_energy:
-            solver = solver_batch(cfg, tok, seeds) if cfg.energy.source == "discriminator" else None
+            solver = (
+                solver_batch(cfg, agent, seeds) if cfg.energy.source == "discriminator" else None
+            )
             credit.update_learned(traj, solver)
 
         # ---- update -------------------------------------------------------------------------
