@@ -83,3 +83,25 @@ def test_an_unused_reference_energy_costs_nothing(tmp_path):
     assert row["energy/active"] == 1.0 and row["energy/reasoning"] > 0  # -log pi_ref of tokens
     entropy_only = tiny_cfg(**{"algo.kl_coef": 0.0, "energy.source": "entropy"})
     assert "energy/mean" in train_lm(entropy_only).history[-1]
+
+
+def test_critic_warmup_trains_the_value_head_alone():
+    import copy
+
+    from tokenergy.algos.lm import train_lm
+    from tokenergy.models import build_agent
+
+    agent = build_agent("tiny", seed=0)
+    before = copy.deepcopy(agent.state_dict())
+    cfg = tiny_cfg(**{"algo.critic_warmup_iters": 1, "algo.iterations": 1})
+    res = train_lm(cfg, agent=agent)
+    assert res.history[-1]["train/critic_only"] == 1.0
+    after = agent.state_dict()
+    for k, v in before.items():
+        if k.startswith("policy."):
+            assert torch.equal(v, after[k]), k
+    assert any(
+        not torch.equal(v, after[k]) for k, v in before.items() if k.startswith("value_head.")
+    )
+    with pytest.raises(Exception, match="only ppo has a value head"):
+        tiny_cfg(**{"algo.critic_warmup_iters": 1, "algo.name": "grpo", "rollout.group_size": 2})

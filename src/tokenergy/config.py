@@ -449,6 +449,9 @@ class AlgoConfig:
     kl_in: str = _f("reward", "where the KL goes: reward (per-token penalty) or loss")
     max_grad_norm: float = _f(1.0, "global gradient-norm clip")
     norm_adv: bool = _f(True, "whiten advantages over the trained tokens of the batch")
+    critic_warmup_iters: int = _f(
+        0, "ppo: first RL iterations that train only the value head (the policy waits)"
+    )
 
     def __post_init__(self) -> None:
         from tokenergy.algos.lm import ALGORITHMS
@@ -478,6 +481,11 @@ class AlgoConfig:
             self.kl_in in ("reward", "loss"), "kl_in", f"must be reward or loss, got {self.kl_in!r}"
         )
         _in_range(self.max_grad_norm, "max_grad_norm", 0.0, None, lo_open=True)
+        _in_range(self.critic_warmup_iters, "critic_warmup_iters", 0, None)
+        if self.critic_warmup_iters and self.name != "ppo":
+            raise ConfigError(
+                "critic_warmup_iters", f"only ppo has a value head to warm up, not {self.name}"
+            )
 
 
 @dataclass

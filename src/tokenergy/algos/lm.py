@@ -422,6 +422,7 @@ def train_lm(
             credit.update_learned(traj, solver)
 
         # ---- update -------------------------------------------------------------------------
+        critic_only = iteration < a.critic_warmup_iters  # the value head learns, the policy waits
         agent.train()
         snapshot = Snapshot(agent, opt)  # the last good state, for a rollback
         sums: dict[str, float] = {}
@@ -435,7 +436,12 @@ def train_lm(
                 cols = slice(0, length)
                 tokens = traj.tokens[idx, cols].to(device)
                 mb_mask = mask[idx, cols].to(device)
-                out = agent(tokens, traj.attention_mask[idx, cols].to(device), trains_value)
+                out = agent(
+                    tokens,
+                    traj.attention_mask[idx, cols].to(device),
+                    trains_value,
+                    value_grad_to_policy=not critic_only,
+                )
                 new_logprobs = token_logprobs(out.logits, tokens)
                 pg_loss, pg_m = ppo_policy_loss(
                     new_logprobs,
@@ -489,6 +495,8 @@ def train_lm(
                     )
                     loss = loss + prior_coef * prior
                     metrics["prior_kl"] = prior.detach()
+                if critic_only:
+                    loss = a.vf_coef * v_loss
                 grad_norm = guarded_step(loss, agent, opt, params, a.max_grad_norm, snapshot)
                 if grad_norm is None:
                     skipped_steps += 1
@@ -512,6 +520,7 @@ def train_lm(
             "train/ratio_max": means["ratio_max"],
             "train/updates": n_updates,
             "train/skipped_steps": skipped_steps,
+            "train/critic_only": float(critic_only),
             "loss/policy": means["policy_loss"],
             "loss/entropy": float(masked_mean(sc.entropy, mask)),
             "kl/ref": float(masked_mean(kl_estimate(sc.logprobs, sc.ref_logprobs, "k3"), mask)),

@@ -163,16 +163,22 @@ class AgentModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         with_values: bool = True,
+        value_grad_to_policy: bool = True,
     ) -> AgentOutput:
+        """Logits and values; with ``value_grad_to_policy=False`` the value loss trains the
+        value head alone (its input, the last hidden state, is detached)."""
         out = self.policy(
             input_ids=input_ids,
             attention_mask=attention_mask,
             output_hidden_states=with_values,
             use_cache=False,
         )
+        hidden = out.hidden_states[-1] if with_values else None
+        if hidden is not None and not value_grad_to_policy:
+            hidden = hidden.detach()
         values = (
-            self.value_head(out.hidden_states[-1])
-            if with_values
+            self.value_head(hidden)
+            if hidden is not None
             else out.logits.new_zeros(out.logits.shape[:2])
         )
         return AgentOutput(out.logits, values)
