@@ -2,6 +2,7 @@
 report and per-token pictures, and --resume keeping finished runs."""
 
 import pytest
+import yaml
 
 from test_lm import tiny_cfg
 from tokenergy.config import apply_overrides
@@ -64,6 +65,18 @@ def test_small_ablation_report_and_resume(tmp_path):
 
     assert run_ablation(base, 1, out, resume=True) == []  # everything finished: nothing reruns
     assert (out / "frozenlake" / "ppo" / "seed_0" / "metrics.jsonl").read_text() == metrics
+    # A run saved before a config field existed still counts as finished (the field takes its
+    # default), and a variant added to the ablation runs alone.
+    saved = out / "frozenlake" / "ppo" / "seed_0" / "config.yaml"
+    data = yaml.safe_load(saved.read_text())
+    del data["algo"]["critic_warmup_iters"]
+    saved.write_text(yaml.safe_dump(data))
+    variants = {
+        **base.ablation.variants,
+        "tau3": {"energy.weighting": "actfocus", "energy.tau": 3.0},
+    }
+    more = _base(**{"ablation.envs": {"frozenlake": {}}, "ablation.variants": variants})
+    assert [s.variant for s in run_ablation(more, 1, out, resume=True)] == ["frozenlake/tau3"]
     changed = apply_overrides(base, {"sft.epochs": 2})
     with pytest.raises(RunDirError, match="different 'sft'"):
         run_ablation(changed, 1, out, resume=True)

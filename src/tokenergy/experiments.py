@@ -28,7 +28,7 @@ from rich.progress import (
 )
 
 from tokenergy.algos.ppo import train_ppo
-from tokenergy.config import RunConfig, apply_overrides, config_to_dict
+from tokenergy.config import RunConfig, apply_overrides, config_to_dict, load_config
 from tokenergy.runs import Run, RunDirError, latest_checkpoint, prepare_run_dir
 
 __all__ = ["RunSpec", "plan_ablation", "plan_lm_ablation", "run_ablation", "run_training"]
@@ -249,12 +249,14 @@ def _finished(spec: RunSpec) -> bool:
         )
     if not done:
         return False
-    saved = yaml.safe_load((spec.out / "config.yaml").read_text()) or {}
+    # Read back through the config classes, so fields added since the run got their defaults.
+    saved = config_to_dict(load_config(spec.out / "config.yaml"))
     planned = config_to_dict(spec.cfg)
     # An SFT run is reused by RL runs whatever their RL and evaluation settings.
     keys = ["env", "model", "sft", "seed"] if spec.variant.endswith("/sft") else planned
     for key in keys:
-        if key not in ("log", "name") and saved.get(key) != planned.get(key):
+        # log, name and the ablation section itself do not change what a run trains
+        if key not in ("log", "name", "ablation") and saved.get(key) != planned.get(key):
             raise RunDirError(
                 f"--resume: {spec.out} was trained with a different {key!r} "
                 f"({saved.get(key)!r}, plan: {planned.get(key)!r}); use another --out"
