@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-pytest.importorskip("trl")
+pytest.importorskip("trl", reason="needs `make trl`")
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
