@@ -453,6 +453,35 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
             "|---|---|---|---|---|\n" + "\n".join(diag_lines)
         )
 
+    # ---- where the gradient weight went: share on action tokens, the largest token weight ---
+    weight_lines = []
+    for env in envs:
+        for variant in variants:
+            rows = [r for seed in runs.get(env, {}).get(variant, []) for r in seed]
+            share = [r["weights/action_share"] for r in rows if "weights/action_share" in r]
+            wmax = [r["weights/max"] for r in rows if "weights/max" in r]
+            # the typical action token's weight, from the trajectories the runs kept
+            typical = [
+                w
+                for d in sorted((root / env / variant).glob("seed_*"))
+                for s in read_samples(d)
+                for w, role in zip(s.get("weight", []), s["roles"], strict=False)
+                if role == int(Role.ACTION)
+            ]
+            if share:
+                weight_lines.append(
+                    f"| {env} | {variant} | {statistics.mean(share):.3f} | "
+                    f"{statistics.median(wmax):.1f} | {max(wmax):.1f} | "
+                    + (f"{statistics.median(typical):.2f} |" if typical else "— |")
+                )
+    weight_md = ""
+    if weight_lines:
+        weight_md = (
+            "| env | variant | share of loss weight on action tokens | largest token weight "
+            "(median over iterations) | (max) | median action-token weight |\n"
+            "|---|---|---|---|---|---|\n" + "\n".join(weight_lines)
+        )
+
     # ---- token pictures of one seed per env (PPO and ActFocus side by side) ---------------
     token_links = []
     for env in envs:
@@ -468,7 +497,9 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         f"same SFT agent (first row).\n\n{md_table}\n\n" + "\n".join(deltas) + "\n\n"
         "![success curves](curves.png)\n\n"
         "Action-bottleneck diagnostic (mean over evaluations and seeds):\n\n"
-        f"{diag_md}\n\n![diagnostic](diagnose.png)\n\nPer-token pictures:\n\n"
+        f"{diag_md}\n\n![diagnostic](diagnose.png)\n\n"
+        "Where the loss weight went (every RL iteration, all seeds):\n\n"
+        f"{weight_md}\n\nPer-token pictures:\n\n"
         + "\n".join(f"- {label}: `{path}`" for label, path in token_links)
         + "\n"
     )
