@@ -110,6 +110,9 @@ class SokobanText(TextEnv):
         max_steps: moves before truncation.
         max_actions_per_turn: moves one turn may chain (``Up || Left``).
         invalid_penalty: reward of an invalid turn.
+        plan_in_reasoning: the solver's scratchpad ends with its plan (``plan : Right Up``);
+            without it the scratchpad only describes the state, so the decision falls to the
+            action tokens.
     """
 
     name = "sokoban"
@@ -124,8 +127,10 @@ class SokobanText(TextEnv):
         max_steps: int = 20,
         max_actions_per_turn: int = 1,
         invalid_penalty: float = -0.1,
+        plan_in_reasoning: bool = True,
     ) -> None:
         super().__init__(max_steps, max_actions_per_turn, invalid_penalty)
+        self.plan_in_reasoning = plan_in_reasoning
         if level is None and size < 5:
             raise ValueError(f"sokoban: size must be >= 5, got {size}")
         if num_boxes < 1 or num_boxes > max(1, (size - 2) ** 2 // 4):
@@ -244,9 +249,10 @@ class SokobanText(TextEnv):
         parts = [f"player row {self.player[0]} col {self.player[1]} ."]
         parts += [f"box row {r} col {c} ." for r, c in loose]
         parts += [f"target row {r} col {c} ." for r, c in empty]
-        plan = self.plan()
-        parts.append("plan : " + (" ".join(MOVES[a] for a in plan[:4]) if plan else "stuck"))
-        return " ".join(parts)
+        if self.plan_in_reasoning:
+            plan = self.plan()
+            parts.append("plan : " + (" ".join(MOVES[a] for a in plan[:4]) if plan else "stuck"))
+        return " ".join(parts).rstrip(" .")
 
     @classmethod
     def vocabulary(cls) -> list[str]:
