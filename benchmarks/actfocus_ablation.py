@@ -67,8 +67,8 @@ def main() -> None:
     argv = " ".join(shlex.quote(x) for x in sys.argv[1:] if x != "--report-only")
     command = f"python benchmarks/actfocus_ablation.py {argv}".strip()
     head = f"- command: `{command}`\n- machine: {machine()}\n"
-    if not a.report_only:
-        head += f"- wall time: {wall / 60:.0f} min\n"
+    if not a.report_only and wall > 60:  # a resumed study that trained nothing says nothing
+        head += f"- wall time of this invocation: {wall / 60:.0f} min\n"
     body = text.replace("# LM ablation: ", "# ActFocus ablation: ", 1)
     title, _, rest = body.partition("\n")
     (doc / "README.md").write_text(
