@@ -302,7 +302,7 @@ def test_score_keeps_the_per_token_quantities_the_sources_read():
     eps = rollout(agent.policy, agent.tokenizer, envs, [0, 1], max_turns=2, max_turn_tokens=6,
                   generator=torch.Generator().manual_seed(0))  # fmt: skip
     traj = collate(eps, agent.tokenizer.pad_token_id)
-    sc = score(agent, ref, traj)
+    sc = score(agent, ref, traj, extras=frozenset({"free_energy", "kl_ref"}))
     with torch.no_grad():
         logits = agent(traj.tokens, traj.attention_mask).logits
         ref_logits = ref(input_ids=traj.tokens, attention_mask=traj.attention_mask).logits
@@ -315,7 +315,10 @@ def test_score_keeps_the_per_token_quantities_the_sources_read():
         sc.kl_ref[:, 1:][m[:, 1:]], kl_full(logits, ref_logits)[:, :-1][m[:, 1:]], atol=1e-5
     )
     assert (sc.kl_ref[m] >= -1e-6).all()
-    assert score(agent, None, traj).kl_ref is None
+    plain = score(agent, ref, traj)  # what PPO alone needs: no extra softmax over the vocabulary
+    assert plain.kl_ref is None and plain.free_energy is None
+    assert torch.equal(plain.logprobs, sc.logprobs) and torch.equal(plain.entropy, sc.entropy)
+    assert score(agent, None, traj, extras=frozenset({"kl_ref"})).kl_ref is None
 
 
 def test_mean_correlation_removes_the_length_effect():

@@ -398,11 +398,13 @@ def score(
     traj: Trajectories,
     batch_size: int = 16,
     keep_logits: bool = False,
+    extras: frozenset[str] = frozenset(),
 ) -> Scored:
     """One full forward pass (in chunks of ``batch_size`` rows) of the agent and the reference.
 
-    Besides what the update needs it keeps the per-token quantities energy sources read
-    (entropy, free energy, exact KL to the reference), all shifted to the chosen token.
+    Besides what the update needs it keeps the entropy and, when ``extras`` names them, the
+    other per-token quantities energy sources read: ``free_energy`` and ``kl_ref`` (the exact
+    KL to the reference, a second softmax over the vocabulary), all shifted to the chosen token.
     """
     device = agent.device
     parts: dict[str, list[torch.Tensor]] = {
@@ -421,7 +423,8 @@ def score(
         logp = torch.log_softmax(out.logits.float(), dim=-1)
         ent = -(logp.exp() * logp).sum(-1)  # (b, T) at the predicting position
         parts["entropy"].append(shifted(ent))
-        parts["free"].append(shifted(-torch.logsumexp(out.logits.float(), -1)))
+        if "free_energy" in extras:
+            parts["free"].append(shifted(-torch.logsumexp(out.logits.float(), -1)))
         v = out.values.float()
         parts["values"].append(torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], 1).cpu())
         last = traj.last_index[rows].to(device)
@@ -432,8 +435,9 @@ def score(
         if ref is not None:
             ref_logits = ref(input_ids=tokens, attention_mask=attn, use_cache=False).logits
             parts["ref"].append(token_logprobs(ref_logits, tokens).cpu())
-            ref_logp = torch.log_softmax(ref_logits.float(), dim=-1)
-            parts["kl"].append(shifted((logp.exp() * (logp - ref_logp)).sum(-1)))
+            if "kl_ref" in extras:
+                ref_logp = torch.log_softmax(ref_logits.float(), dim=-1)
+                parts["kl"].append(shifted((logp.exp() * (logp - ref_logp)).sum(-1)))
     logprobs = torch.cat(parts["logprobs"])
     return Scored(
         logprobs=logprobs,
@@ -441,7 +445,7 @@ def score(
         values=torch.cat(parts["values"]),
         bootstrap=torch.cat(parts["boot"]),
         entropy=torch.cat(parts["entropy"]),
-        free_energy=torch.cat(parts["free"]),
-        kl_ref=torch.cat(parts["kl"]) if ref is not None else None,
+        free_energy=torch.cat(parts["free"]) if parts["free"] else None,
+        kl_ref=torch.cat(parts["kl"]) if parts["kl"] else None,
         logits=torch.cat(parts["logits"]) if keep_logits else None,
     )

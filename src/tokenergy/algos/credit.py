@@ -53,6 +53,8 @@ class TokenCredit:
         self.prior_beta = self.e.prior_beta
         self.best_success = -float("inf")
         self.stalled = 0
+        # The run keeps a frozen reference for its KL penalty or for the energy's sake.
+        self.has_reference = cfg.algo.kl_coef > 0 or self.e.needs_reference
         self.learned: Any = None
         if self.e.source == "discriminator":
             from tokenergy.energy_models import Discriminator
@@ -106,7 +108,7 @@ class TokenCredit:
             roles=traj.roles,
             mask=traj.mask,
             logprobs=sc.logprobs,
-            ref_logprobs=sc.ref_logprobs if sc.kl_ref is not None else None,
+            ref_logprobs=sc.ref_logprobs if self.has_reference else None,
             entropy=sc.entropy,
             free_energy=sc.free_energy,
             kl_ref=sc.kl_ref,

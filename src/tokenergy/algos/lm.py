@@ -354,8 +354,7 @@ def train_lm(
         ts = load_trainer_state(resume)
 
     # ---- RL -------------------------------------------------------------------------------
-    needs_ref = a.kl_coef > 0 or cfg.energy.needs_reference
-    ref = copy.deepcopy(agent.policy).eval().requires_grad_(False) if needs_ref else None
+    ref = copy.deepcopy(agent.policy).eval().requires_grad_(False) if credit.has_reference else None
 
     if ref is not None and ts is not None:
         ref.load_state_dict(ts["ref"])
@@ -397,7 +396,7 @@ def train_lm(
 
         # ---- score, rewards, advantages (no gradient) ------------------------------------
         t1 = time.perf_counter()
-        sc = score(agent, ref, traj)
+        sc = score(agent, ref, traj, extras=frozenset({cfg.energy.source}))
         mask = traj.mask
         kl_tok = kl_estimate(sc.logprobs, sc.ref_logprobs, a.kl_kind) * mask  # (B, T)
         rewards = traj.rewards.clone()
