@@ -179,8 +179,11 @@ def test_lm_mcts_and_best_of_n_return_legal_moves(sft_agent):
         assert res.action in state.env.legal_actions()
         return res.action, res.root.proposal, res.generated
 
+    root = model.root(env, 3)
     state, generated = play(model, env, 3, choose, max_turns=4)
-    assert generated > 0 and (state.done or len(state.env.legal_actions()) == 4)
+    assert generated > 0
+    assert state.env.steps == 4 or state.done  # every turn played a move (all legal)
+    assert len(state.context) > len(root.context)
     best, scores, tokens = best_of_n(sft_agent, env, 3, n=4, max_turns=6,
                                      generator=torch.Generator().manual_seed(0))  # fmt: skip
     assert best.episode_return == max(scores) and len(scores) == 4 and tokens > 0

@@ -156,6 +156,14 @@ def encode_observation(tokenizer, text: str) -> list[int]:
     return tokenizer(text + "\n", add_special_tokens=False).input_ids
 
 
+def prompt_ids(tokenizer, env: TextEnv, obs: str, instructions: bool) -> list[int]:
+    """The episode's opening tokens: ``<bos>`` and the first observation, led by the env's
+    one-line instructions when ``instructions`` is set."""
+    if instructions:
+        obs = f"{env.instructions} . answer as <think> … </think> <answer> move </answer>\n{obs}"
+    return [tokenizer.bos_token_id, *encode_observation(tokenizer, obs)]
+
+
 def assign_roles(ids: Sequence[int], tag_ids: dict[str, int]) -> list[int]:
     """Roles of the tokens of one agent turn, by reading its tags left to right.
 
@@ -305,12 +313,7 @@ def rollout(
     ]
     for env, ep, seed in zip(envs, episodes, seeds, strict=True):
         obs, _ = env.reset(seed=seed)
-        ep.extend([tokenizer.bos_token_id], [int(Role.OBSERVATION)])
-        if instructions:
-            obs = (
-                f"{env.instructions} . answer as <think> … </think> <answer> move </answer>\n{obs}"
-            )
-        ids = encode_observation(tokenizer, obs)
+        ids = prompt_ids(tokenizer, env, obs, instructions)
         ep.extend(ids, [int(Role.OBSERVATION)] * len(ids))
     active = list(range(len(envs)))
     for _turn in range(max_turns):

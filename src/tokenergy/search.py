@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from tokenergy.envs.text import TextEnv
+from tokenergy.types import Role
 
 __all__ = [
     "LMSearchModel",
@@ -275,6 +276,11 @@ def play(
     return state, generated
 
 
+def _agent_tokens(episodes) -> int:
+    """Tokens the agent wrote (every role but OBSERVATION) over a list of episodes."""
+    return sum(sum(1 for r in e.roles if r != int(Role.OBSERVATION)) for e in episodes)
+
+
 def best_of_n(
     agent,
     env: TextEnv,
@@ -306,7 +312,7 @@ def best_of_n(
         generator=generator,
     )
     scores = [float(verifier(e)) if verifier is not None else e.episode_return for e in eps]
-    generated = sum(sum(1 for r in e.roles if r != 0) for e in eps)
+    generated = _agent_tokens(eps)
     return eps[int(np.argmax(scores))], scores, generated
 
 
@@ -330,15 +336,11 @@ class LMSearchModel:
         return self.tok(text, add_special_tokens=False).input_ids
 
     def root(self, env: TextEnv, seed: int) -> SearchState:
-        from tokenergy.rollout import encode_observation
+        from tokenergy.rollout import prompt_ids
 
         env = env.clone()
         obs, _ = env.reset(seed=seed)
-        if self.instructions:
-            obs = (
-                f"{env.instructions} . answer as <think> … </think> <answer> move </answer>\n{obs}"
-            )
-        return SearchState(env, [self.tok.bos_token_id, *encode_observation(self.tok, obs)])
+        return SearchState(env, prompt_ids(self.tok, env, obs, self.instructions))
 
     @torch.no_grad()
     def propose(self, state: SearchState) -> Proposal:
@@ -444,7 +446,7 @@ def compare(
             max_turns=cfg.env.max_turns, max_turn_tokens=cfg.rollout.max_turn_tokens,
             instructions=cfg.rollout.instructions, temperature=temp, generator=gen,
         )  # fmt: skip
-        tokens = sum(sum(1 for r in e.roles if r != 0) for e in eps)
+        tokens = _agent_tokens(eps)
         add(name, [e.success for e in eps], [e.episode_return for e in eps], tokens,
             time.perf_counter() - t0)  # fmt: skip
 

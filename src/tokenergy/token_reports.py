@@ -129,6 +129,16 @@ def _energy_by_turn(samples: list[dict[str, Any]], role: Role) -> tuple[list[int
     return turns, [statistics.mean(per_turn[t]) for t in turns]
 
 
+def _save(fig, ax, path: Path, fontsize: int = 8) -> Path:
+    """Legend (when anything is labelled) on ``ax``, tight layout, PNG at ``path``, closed."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=fontsize, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _img(path: Path) -> str:
     return base64.b64encode(path.read_bytes()).decode()
 
@@ -179,12 +189,7 @@ def write_token_report(run_dir: str | Path, per_iteration: int = 1) -> Path | No
     ax.set_ylabel("mean token energy")
     ax.set_title(f"energy over turns ({len(early_all)} and {len(late_all)} logged trajectories)")
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    png = out / "energy_turns.png"
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    png = _save(fig, ax, out / "energy_turns.png")
 
     cfg_path = run_dir / "config.yaml"
     energy_cfg = (
@@ -266,11 +271,7 @@ def write_diagnose(run_dir: str | Path, rows: list[dict[str, Any]] | None = None
     ax.set_ylim(0, 1)
     ax.set_title("action bottleneck: |corr(Σ log π, return)| vs share of tokens")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    png = out / "diagnose.png"
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
+    png = _save(fig, ax, out / "diagnose.png")
 
     def f(v: Any) -> str:
         return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
@@ -394,12 +395,7 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         ax.set_title(f"{env}: {metric}")
         ax.set_xlabel("RL iteration (0 = SFT start)")
         ax.grid(alpha=0.3)
-    if axes[0][-1].get_legend_handles_labels()[0]:
-        axes[0][-1].legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    curves_png = out / "curves.png"
-    fig.savefig(curves_png, dpi=110)
-    plt.close(fig)
+    curves_png = _save(fig, axes[0][-1], out / "curves.png", fontsize=7)
 
     # ---- diagnostic: |corr| of action vs reasoning tokens per variant, over training -------
     fig, axes = plt.subplots(1, len(envs), figsize=(5.2 * len(envs), 3.8), squeeze=False)
@@ -440,12 +436,7 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         ax.set_xlabel("RL iteration")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-    if axes[0][-1].get_legend_handles_labels()[0]:
-        axes[0][-1].legend(fontsize=6, loc="best")
-    fig.tight_layout()
-    diag_png = out / "diagnose.png"
-    fig.savefig(diag_png, dpi=110)
-    plt.close(fig)
+    diag_png = _save(fig, axes[0][-1], out / "diagnose.png", fontsize=6)
     diag_md = ""
     if diag_lines:
         diag_md = (
