@@ -119,6 +119,8 @@ def train(
         cfg = _load(config, ctx.args, **{"env.id": env, "seed": seed, "device": device})
         out = out or Path("runs") / cfg.name
     result = run_training(cfg, out, overwrite=overwrite, console=console, resume=resume is not None)
+    if os.environ.get("RANK", "0") != "0":  # a data-parallel worker: rank 0 reports
+        return
     if cfg.kind == "lm":
         first, last_ev = result.evals[0], result.evals[-1]
         console.print(

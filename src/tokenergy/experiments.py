@@ -27,8 +27,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from tokenergy.algos.ppo import train_ppo
+from tokenergy.algos.ppo import resolve_device, train_ppo
 from tokenergy.config import RunConfig, apply_overrides, config_to_dict, load_config
+from tokenergy.distributed import Parallel
 from tokenergy.runs import Run, RunDirError, latest_checkpoint, prepare_run_dir
 
 __all__ = ["RunSpec", "plan_ablation", "plan_lm_ablation", "run_ablation", "run_training"]
@@ -81,14 +82,22 @@ def run_training(
     With ``resume`` the run in ``out`` continues from its newest complete checkpoint.
     """
     train, total = _trainer(cfg)
+    par = Parallel.from_env(resolve_device(cfg.device))
+    if par.enabled and getattr(cfg, "kind", "vector") != "lm":
+        raise ValueError(
+            f"{par.world} processes: only the LM trainer runs data-parallel; "
+            "train vector presets in one process"
+        )
     kwargs: dict[str, Any] = {}
     resume_iteration = None
     if resume:
         ckpt = latest_checkpoint(out)
         resume_iteration = int(json.loads((ckpt / "state.json").read_text())["iteration"])
         kwargs["resume"] = ckpt
-        if console is not None:
+        if console is not None and par.is_main:
             console.print(f"resuming {out} from {ckpt.name} (iteration {resume_iteration})")
+    if not par.is_main:  # rank 0 writes the run folder
+        return train(cfg, None, **kwargs)
     with Run(out, cfg, overwrite=overwrite, resume_iteration=resume_iteration) as run:
         if not cfg.log.progress:
             return train(cfg, run, **kwargs)

@@ -13,6 +13,8 @@ import copy
 
 import torch
 
+from tokenergy.distributed import Parallel
+
 __all__ = ["Snapshot", "guarded_step", "params_are_finite", "step_is_finite"]
 
 
@@ -46,17 +48,26 @@ def guarded_step(
     params: list[torch.Tensor],
     max_grad_norm: float,
     snapshot: Snapshot,
+    par: Parallel | None = None,
+    share: float = 1.0,
 ) -> torch.Tensor | None:
     """Backward, clip, and step, unless something is not finite.
 
     Returns the pre-clip gradient norm, or ``None`` when the step was skipped: the loss or the
     gradients were not finite (no step taken), or the step left non-finite weights (model and
-    optimizer restored from ``snapshot``).
+    optimizer restored from ``snapshot``). With ``par`` (several data-parallel processes) the
+    gradients are combined with this process's ``share`` of the minibatch before clipping,
+    and a step is skipped everywhere when it is not finite anywhere.
     """
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    if par is not None:
+        par.reduce_gradients(params, share)
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    if not step_is_finite(loss, grad_norm):
+    finite = step_is_finite(loss, grad_norm)
+    if par is not None:
+        finite = par.all_true(finite, grad_norm.device)
+    if not finite:
         optimizer.zero_grad(set_to_none=True)
         return None
     optimizer.step()

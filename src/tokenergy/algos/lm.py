@@ -13,7 +13,10 @@ every trained token of the batch; the KL to the reference is a per-token reward 
 default) or a loss term; one AdamW for policy and value head.
 
 Algorithms are registered by name in :data:`ALGORITHMS`; each turns a scored batch into
-per-token advantages (and value targets when it trains the value head):
+per-token advantages (and value targets when it trains the value head). It is called as
+``fn(traj, scored, rewards, algo_cfg, par=Parallel)`` and takes any statistic over the batch
+through ``par`` (:mod:`tokenergy.distributed`), so that several processes compute what one
+process would on the global batch:
 
 - ``ppo``: token-level GAE across turns (:func:`~tokenergy.advantages.token_gae`), value head.
 - ``grpo``: ``group_relative`` episode returns (G episodes per env seed) on every token
@@ -37,8 +40,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenergy.advantages import group_relative, token_gae, whiten
+from tokenergy.advantages import group_relative, token_gae
 from tokenergy.config import LMRunConfig
+from tokenergy.distributed import Parallel
 from tokenergy.energy import energy_prior_kl
 from tokenergy.envs import make
 from tokenergy.envs.text import TextEnv
@@ -76,12 +80,15 @@ class AdvantageResult:
     returns: torch.Tensor | None  # (B, T) value targets, or None when no value head is trained
 
 
-AdvantageFn = Callable[[Trajectories, Scored, torch.Tensor, Any], AdvantageResult]
+AdvantageFn = Callable[..., AdvantageResult]
+_SINGLE = Parallel()
 ALGORITHMS: Registry[AdvantageFn] = Registry("algorithm")
 
 
 @ALGORITHMS.register("ppo")
-def _ppo_advantages(traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg) -> AdvantageResult:
+def _ppo_advantages(
+    traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg, par: Parallel = _SINGLE
+) -> AdvantageResult:
     adv, ret = token_gae(
         rewards, sc.values, traj.mask, traj.terminated, sc.bootstrap, cfg.gamma, cfg.lam
     )
@@ -89,7 +96,9 @@ def _ppo_advantages(traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg) 
 
 
 @ALGORITHMS.register("grpo")
-def _grpo_advantages(traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg) -> AdvantageResult:
+def _grpo_advantages(
+    traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg, par: Parallel = _SINGLE
+) -> AdvantageResult:
     # An episode's score is its total reward (the KL penalty included when it is a reward).
     per_episode = (rewards * traj.mask).sum(1)
     adv = group_relative(per_episode, traj.groups, scale="group")
@@ -98,12 +107,12 @@ def _grpo_advantages(traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg)
 
 @ALGORITHMS.register("reinforce")
 def _reinforce_advantages(
-    traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg
+    traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg, par: Parallel = _SINGLE
 ) -> AdvantageResult:
     # Return-to-go over the agent's tokens is GAE with V = 0 and lambda = 1, no bootstrap.
     zeros = torch.zeros_like(rewards)
     to_go, _ = token_gae(rewards, zeros, traj.mask, traj.terminated, zeros[:, 0], cfg.gamma, 1.0)
-    baseline = (rewards * traj.mask).sum(1).mean()
+    baseline = par.mean((rewards * traj.mask).sum(1))  # the global batch's mean return
     return AdvantageResult((to_go - baseline) * traj.mask, None)
 
 
@@ -189,44 +198,70 @@ def evaluate(
     episodes: int | None = None,
     temperature: float | None = None,
     seed_offset: int | None = None,
+    par: Parallel = _SINGLE,
 ) -> dict[str, float]:
-    """Success rate, invalid-action rate, mean turns and tokens on held-out env seeds."""
+    """Success rate, invalid-action rate, mean turns and tokens on held-out env seeds.
+
+    With several processes each plays every ``world``-th seed and the stats are averaged.
+    """
     n = episodes or cfg.eval.episodes
     offset = cfg.eval.seed_offset if seed_offset is None else seed_offset
     temp = cfg.eval.temperature if temperature is None else temperature
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     was_training = agent.training
     agent.eval()
+    if n < par.world:
+        raise ValueError(f"{n} evaluation episodes cannot be shared by {par.world} processes")
+    mine = [offset + i for i in range(n)][par.rank :: par.world]
     eps = []
-    for start in range(0, n, 64):  # chunks bound the memory of one batched generation
-        seeds = [offset + i for i in range(start, min(start + 64, n))]
+    for start in range(0, len(mine), 64):  # chunks bound the memory of one batched generation
+        seeds = mine[start : start + 64]
         eps += run_episodes(agent, cfg, seeds, temperature=temp, generator=gen).episodes
     agent.train(was_training)
-    return _episode_stats(collate(eps, agent.tokenizer.pad_token_id), "eval")
+    stats = _episode_stats(collate(eps, agent.tokenizer.pad_token_id), "eval")
+    return par.average_metrics(stats, float(len(eps)))
 
 
 def sft(
     agent: torch.nn.Module,
     cfg: LMRunConfig,
     log: Callable[[int, dict[str, float]], None] | None = None,
+    par: Parallel = _SINGLE,
 ) -> list[float]:
-    """Fit the agent to noisy solver episodes (cross-entropy on the agent-written tokens)."""
+    """Fit the agent to noisy solver episodes (cross-entropy on the agent-written tokens).
+
+    With several processes each fits its share of the episodes (minibatches of
+    ``batch_size / world`` each) and the gradients are combined token-weighted, so the update
+    is that of the global minibatch.
+    """
     s = cfg.sft
     rng = np.random.default_rng(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed + par.rank)
     seeds = [int(x) for x in rng.integers(0, cfg.eval.seed_offset, size=s.episodes)]
-    data = run_episodes(agent, cfg, seeds, turn_fn=noisy_solver(s.epsilon, rng))
+    seeds = par.shard(seeds, what="SFT episodes")
+    batch_size = s.batch_size // par.world
+    if batch_size * par.world != s.batch_size:
+        raise ValueError(f"sft.batch_size {s.batch_size} does not split over {par.world} processes")
+    # Every process draws the solver's noise from its own stream, after the shared seed list.
+    data = run_episodes(
+        agent,
+        cfg,
+        seeds,
+        turn_fn=noisy_solver(
+            s.epsilon, np.random.default_rng([cfg.seed, par.rank]) if par.enabled else rng
+        ),
+    )
     device = agent.device
     trainable = [p for p in agent.policy.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(trainable, lr=s.lr, weight_decay=0.0)
-    n_steps = s.epochs * ((s.episodes + s.batch_size - 1) // s.batch_size)
+    n_steps = s.epochs * ((data.batch_size + batch_size - 1) // batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(n_steps, 1))
     losses, step = [], 0
     agent.train()
     for _epoch in range(s.epochs):
         perm = torch.randperm(data.batch_size, generator=gen)
-        for start in range(0, data.batch_size, s.batch_size):
-            mb = data.select(perm[start : start + s.batch_size])
+        for start in range(0, data.batch_size, batch_size):
+            mb = data.select(perm[start : start + batch_size])
             length = int(mb.last_index.max()) + 1
             tokens = mb.tokens[:, :length].to(device)
             mask = mb.mask[:, :length].to(device)
@@ -236,11 +271,13 @@ def sft(
             loss = -masked_mean(token_logprobs(out.logits, tokens), mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            n_local = mask.sum().float()
+            par.reduce_gradients(trainable, float(n_local / par.sum(n_local).clamp(min=1.0)))
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
             sched.step()
             step += 1
-            losses.append(float(loss.detach()))
+            losses.append(float(par.sum(loss.detach() * n_local) / par.sum(n_local).clamp(min=1)))
             if log is not None:
                 log(step, {"sft/loss": losses[-1], "sft/step": step})
     return losses
@@ -278,6 +315,27 @@ def _write_samples(
             f.write(json.dumps(record) + "\n")
 
 
+def _check_parallel(cfg: LMRunConfig, par: Parallel) -> None:
+    """Refuse what several processes cannot share, before any work starts."""
+    if cfg.energy.source in ("discriminator", "uncertainty") and cfg.energy.active:
+        raise ValueError(
+            f"energy.source {cfg.energy.source!r} trains a model on each process's own episodes; "
+            "it runs in a single process only"
+        )
+    n_groups = cfg.rollout.episodes // cfg.rollout.group_size
+    if n_groups % par.world:
+        raise ValueError(
+            f"rollout.episodes {cfg.rollout.episodes} (groups of {cfg.rollout.group_size}) do "
+            f"not split over {par.world} processes; choose a multiple of "
+            f"{cfg.rollout.group_size * par.world}"
+        )
+    local = cfg.rollout.episodes // par.world
+    if local < cfg.algo.minibatches:
+        raise ValueError(
+            f"{local} episodes per process cannot fill algo.minibatches = {cfg.algo.minibatches}"
+        )
+
+
 def _diagnose(agent, cfg: LMRunConfig, generator: torch.Generator) -> dict[str, float]:
     """The action-bottleneck diagnostic's ``diag/*`` metrics, when the config asks for it."""
     if cfg.eval.diagnose_seeds == 0:
@@ -304,15 +362,27 @@ def train_lm(
     With ``resume`` (an RL checkpoint folder written by this function) SFT is skipped and the
     run continues exactly from that checkpoint: weights, reference, optimizer, random
     generators and counters come back.
+
+    Under ``accelerate launch`` / ``torchrun`` with several processes the run is data-parallel
+    (:mod:`tokenergy.distributed`): ``rollout.episodes`` and ``sft.episodes`` are the global
+    batches, shared by the processes; only rank 0 writes ``run`` and reports progress. A resumed
+    multi-process run restores rank 0's random streams; the others start fresh ones.
     """
     from tokenergy.algos.ppo import resolve_device
     from tokenergy.models import save_agent
     from tokenergy.models.lm import agent_from_config
 
     device = resolve_device(cfg.device)
+    par = Parallel.from_env(device)
+    device = par.device(device)
+    if par.enabled:
+        _check_parallel(cfg, par)
+        if not par.is_main:
+            run, progress = None, None
     torch.manual_seed(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
+    # Each process samples from its own stream; rank 0's is the single-process one.
+    gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * par.rank)
+    rng = np.random.default_rng(cfg.seed)  # the episode seeds: the same on every process
     if agent is None:
         agent = agent_from_config(cfg.model, seed=cfg.seed)
     agent = agent.to(device)
@@ -339,8 +409,13 @@ def train_lm(
     ts: dict[str, Any] | None = None
     if resume is None:
         if cfg.sft.episodes > 0:
-            sft(agent, cfg, log=log if run is not None else None)
-        ev = {"train/iteration": 0, **evaluate(agent, cfg), **_diagnose(agent, cfg, diag_gen)}
+            sft(agent, cfg, log=log if run is not None else None, par=par)
+        par.broadcast(agent)
+        ev = {
+            "train/iteration": 0,
+            **evaluate(agent, cfg, par=par),
+            **(_diagnose(agent, cfg, diag_gen) if par.is_main else {}),
+        }
         credit.after_eval(ev["eval/success"])
         evals.append(ev)
         log(0, ev)
@@ -352,6 +427,7 @@ def train_lm(
         tensors, _, _ = load_checkpoint(resume)
         agent.load_state_dict(tensors)
         ts = load_trainer_state(resume)
+        par.broadcast(agent)
 
     # ---- RL -------------------------------------------------------------------------------
     ref = copy.deepcopy(agent.policy).eval().requires_grad_(False) if credit.has_reference else None
@@ -372,6 +448,8 @@ def train_lm(
     if ts is not None:
         opt.load_state_dict(ts["optimizer"])
         gen.set_state(ts["generator"])
+        if not par.is_main:
+            gen.manual_seed(cfg.seed + 1_000_003 * par.rank + ts["iteration"])
         rng.bit_generator.state = ts["np_rng"]
         torch.set_rng_state(ts["torch_rng"])
         episodes_done, skipped_steps = ts["episodes_done"], ts["skipped_steps"]
@@ -388,10 +466,11 @@ def train_lm(
         t0 = time.perf_counter()
         env_seeds = rng.integers(0, cfg.eval.seed_offset, size=n_groups)
         seeds = [int(s) for s in np.repeat(env_seeds, cfg.rollout.group_size)]
+        seeds = par.shard(seeds, cfg.rollout.group_size, what="episodes")  # whole groups
         groups = [i // cfg.rollout.group_size for i in range(len(seeds))]
         agent.eval()
         traj = run_episodes(agent, cfg, seeds, generator=gen, groups=groups)
-        episodes_done += traj.batch_size
+        episodes_done += traj.batch_size * par.world
         t_rollout = time.perf_counter() - t0
 
         # ---- score, rewards, advantages (no gradient) ------------------------------------
@@ -407,11 +486,11 @@ def train_lm(
         energy = credit.energy(traj, sc) if has_energy and not credit.needs_advantages else None
         if energy is not None:
             rewards = credit.shape(rewards, energy, traj, iteration)
-        res = advantage_fn(traj, sc, rewards, a)
+        res = advantage_fn(traj, sc, rewards, a, par=par)
         advantages = res.advantages
-        adv_loss = whiten(advantages, mask) if a.norm_adv else advantages
+        adv_loss = par.whiten(advantages, mask) if a.norm_adv else advantages
         if has_energy and energy is None:
-            energy = credit.energy(traj, sc, whiten(advantages, mask))
+            energy = credit.energy(traj, sc, par.whiten(advantages, mask))
         weights = credit.weights(energy, traj, iteration, gen) if has_energy else None
         prior_coef = credit.prior_coef(iteration)
         if has_energy:
@@ -496,7 +575,11 @@ def train_lm(
                     metrics["prior_kl"] = prior.detach()
                 if critic_only:
                     loss = a.vf_coef * v_loss
-                grad_norm = guarded_step(loss, agent, opt, params, a.max_grad_norm, snapshot)
+                n_local = mb_mask.sum().float()
+                share = float(n_local / par.sum(n_local).clamp(min=1.0))
+                grad_norm = guarded_step(
+                    loss, agent, opt, params, a.max_grad_norm, snapshot, par=par, share=share
+                )
                 if grad_norm is None:
                     skipped_steps += 1
                     continue
@@ -551,10 +634,12 @@ def train_lm(
             row["loss/prior_kl"] = means["prior_kl"]
         if energy is not None:
             row.update(credit.metrics(energy, weights, traj, iteration))
+        row = par.average_metrics(row, float(traj.batch_size))
         last = iteration + 1 == n_iters
         if (iteration + 1) % cfg.eval.every == 0 or last:
-            ev = evaluate(agent, cfg)
-            ev.update(_diagnose(agent, cfg, diag_gen))
+            ev = evaluate(agent, cfg, par=par)
+            if par.is_main:
+                ev.update(_diagnose(agent, cfg, diag_gen))
             row.update(ev)
             evals.append({"train/iteration": iteration + 1, **ev})
             credit.after_eval(ev["eval/success"])
@@ -565,7 +650,7 @@ def train_lm(
                 _write_samples(run, iteration + 1, traj, sc, advantages, tok, energy, weights)
             every = cfg.log.checkpoint_every
             if (every and (iteration + 1) % every == 0) or last:
-                trainer_state = {
+                trainer_state = {  # rank 0's
                     "iteration": iteration + 1,
                     "optimizer": opt.state_dict(),
                     "generator": gen.get_state(),

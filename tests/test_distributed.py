@@ -1,0 +1,198 @@
+"""Data parallelism: the collectives on 2 gloo processes, and `accelerate launch` end to end."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as tmp
+
+from tokenergy.distributed import Parallel
+from tokenergy.ops import whiten
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_single_process_is_the_identity():
+    par = Parallel.from_env()
+    assert not par.enabled and par.is_main
+    x = torch.tensor([[1.0, 2.0, 5.0], [0.5, -1.0, 3.0]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    assert torch.equal(par.whiten(x, mask), whiten(x, mask))
+    assert par.shard([1, 2, 3]) == [1, 2, 3]
+    row = {"a": 1.5, "perf/gen_tokens_per_s": 10.0}
+    assert par.average_metrics(row, 3.0) == row
+    assert float(par.mean(torch.tensor([1.0, 2.0, 6.0]))) == 3.0
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+    )
+    par = Parallel.from_env()
+    result: dict = {"rank": par.rank, "world": par.world}
+    # Process r holds rows [2r, 2r + 1] of a 4-row batch.
+    full_x = torch.arange(24, dtype=torch.float32).reshape(4, 6).sin()
+    full_m = torch.tensor(
+        [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
+    ).bool()
+    x, m = full_x[2 * rank : 2 * rank + 2], full_m[2 * rank : 2 * rank + 2]
+    result["whiten"] = par.whiten(x, m).tolist()
+    result["mean"] = float(par.mean(x.sum(1)))
+    # Token-weighted gradient: the gradient of the token mean of w * x over the global batch.
+    w = torch.nn.Parameter(torch.ones(6))
+    loss = ((w * x) * m).sum() / m.sum()
+    loss.backward()
+    n_local = m.sum().float()
+    par.reduce_gradients([w], float(n_local / par.sum(n_local)))
+    result["grad"] = w.grad.tolist()
+    result["shard"] = par.shard(list(range(8)), block=2)
+    try:
+        par.shard(list(range(6)), block=2)
+        result["uneven"] = "accepted"
+    except ValueError as e:
+        result["uneven"] = str(e)
+    row = {"eval/success": float(rank), "perf/gen_tokens_per_s": 100.0 * (rank + 1)}
+    result["avg"] = par.average_metrics(row, weight=1.0 + rank)  # weights 1 and 2
+    result["all_true"] = par.all_true(rank == 0, torch.device("cpu"))
+    Path(out, f"{rank}.json").write_text(json.dumps(result))
+    torch.distributed.destroy_process_group()
+
+
+def test_collectives_on_two_gloo_processes(tmp_path):
+    tmp.spawn(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    r = [json.loads((tmp_path / f"{k}.json").read_text()) for k in range(2)]
+    full_x = torch.arange(24, dtype=torch.float32).reshape(4, 6).sin()
+    full_m = torch.tensor(
+        [[1, 1, 1, 0, 0, 0], [1, 1, 1, 1, 1, 1], [1, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0]]
+    ).bool()
+    # Whitening uses the global batch's statistics: the pieces equal the whole.
+    expected = whiten(full_x, full_m)
+    got = torch.tensor(r[0]["whiten"] + r[1]["whiten"])
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert r[0]["mean"] == pytest.approx(float(full_x.sum(1).mean()), rel=1e-6)
+    # The combined gradient is that of the token mean over all 14 tokens, on both processes.
+    expected_grad = (full_x * full_m).sum(0) / full_m.sum()
+    for k in range(2):
+        torch.testing.assert_close(torch.tensor(r[k]["grad"]), expected_grad)
+    assert r[0]["shard"] == [0, 1, 2, 3] and r[1]["shard"] == [4, 5, 6, 7]
+    assert "multiple of 4" in r[0]["uneven"]
+    # success 0 (weight 1) and 1 (weight 2) average to 2/3; throughputs add up.
+    assert r[1]["avg"]["eval/success"] == pytest.approx(2 / 3)
+    assert r[0]["avg"]["perf/gen_tokens_per_s"] == 300.0
+    assert r[0]["all_true"] is False and r[1]["all_true"] is False
+
+
+def _train(args: list[str], out: Path, launcher: list[str], threads: int = 2) -> None:
+    subprocess.run(
+        [
+            *launcher,
+            "-m",
+            "tokenergy.cli",
+            "train",
+            str(ROOT / "configs/sokoban-ppo.yaml"),
+            "--out",
+            str(out),
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+    )
+
+
+def _weights(run: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    out = {}
+    for f in sorted((run / "agent").rglob("*.safetensors")):
+        out.update({f"{f.relative_to(run)}:{k}": v for k, v in load_file(f).items()})
+    return out
+
+
+def _rows(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path):
+    """An SFT step and a PPO iteration on 8 episodes: 1 process, and 2 processes of 4 each.
+
+    The start is an agent that already writes answers of varying length (so the processes
+    hold different numbers of trained tokens); near-greedy rollouts (temperature 1e-6,
+    noiseless SFT data) make the global batch the same in both runs, and one minibatch makes
+    the update a function of the batch alone. The combined update must match.
+    """
+    base = [
+        "--sft.episodes",
+        "256",
+        "--sft.epochs",
+        "4",
+        "--sft.batch_size",
+        "32",
+        "--algo.iterations",
+        "1",
+    ]
+    base += [
+        "--rollout.episodes",
+        "8",
+        "--eval.episodes",
+        "4",
+        "--log.progress",
+        "false",
+        "--device",
+        "cpu",
+    ]
+    _train(base, tmp_path / "base", [sys.executable])
+    args = (
+        f"--model.path {tmp_path / 'base' / 'agent'} "
+        "--sft.episodes 16 --sft.epochs 1 --sft.batch_size 16 --sft.epsilon 0 "
+        "--rollout.episodes 8 --rollout.temperature 0.000001 --env.max_turns 3 "
+        "--algo.iterations 1 --algo.epochs 2 --algo.minibatches 1 "
+        "--eval.episodes 4 --eval.every 1 --log.progress false --device cpu"
+    ).split()
+    accelerate = str(Path(sys.executable).with_name("accelerate"))
+    _train(args, tmp_path / "one", [sys.executable])
+    launch = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
+    launch += ["--mixed_precision", "no", "--dynamo_backend", "no"]
+    launch += ["--main_process_port", str(_free_port())]
+    _train(args, tmp_path / "two", launch, threads=1)
+
+    one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
+    rl_one = next(r for r in one if r.get("train/iteration") == 1)
+    rl_two = next(r for r in two if r.get("train/iteration") == 1)
+    assert rl_two["train/episodes"] == rl_one["train/episodes"] == 8
+    # The episodes differ in length, so an unweighted average of the processes' gradients
+    # would not be the global one.
+    assert rl_one["rollout/agent_tokens"] != int(rl_one["rollout/agent_tokens"])
+    assert rl_two["rollout/agent_tokens"] == pytest.approx(rl_one["rollout/agent_tokens"])
+    # The pre-clip norm of the combined gradient is the single process's.
+    assert rl_two["train/grad_norm"] == pytest.approx(rl_one["train/grad_norm"], rel=1e-5)
+    assert rl_two["rollout/return"] == pytest.approx(rl_one["rollout/return"], abs=1e-6)
+    # Weights after SFT + RL: equal up to float noise (Adam's first steps scale a near-zero
+    # gradient to a full step, so a handful of such entries may differ by up to ~lr).
+    wa, wb = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    assert wa.keys() == wb.keys()
+    diff = torch.cat([(wa[k] - wb[k]).abs().flatten() for k in wa])
+    assert diff.numel() > 100_000
+    assert float((diff > 1e-6).float().mean()) < 5e-4
+    assert float(diff.max()) < 1e-4  # the learning rates are 3e-4 (RL) and 3e-3 (SFT)
+    # Only rank 0 wrote the run folder: one row per logged step, no duplicates.
+    assert [r["train/global_step"] for r in two] == [r["train/global_step"] for r in one]
