@@ -84,3 +84,17 @@ def test_vector_ppo_skips_nan_steps_and_rolls_back_broken_weights(monkeypatch):
     result = ppo.train_ppo(small(**{"ppo.total_steps": 256}))
     assert result.history[-1]["train/skipped_steps"] == 1
     assert params_are_finite(result.model)
+
+
+def test_one_bad_entry_anywhere_is_caught():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    assert params_are_finite(model)
+    for bad in (float("nan"), float("inf"), float("-inf")):
+        for p in model.parameters():
+            with torch.no_grad():
+                saved = p.view(-1)[-1].item()
+                p.view(-1)[-1] = bad
+            assert not params_are_finite(model)
+            with torch.no_grad():
+                p.view(-1)[-1] = saved
+            assert params_are_finite(model)
