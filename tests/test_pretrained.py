@@ -70,7 +70,8 @@ def test_lora_trains_adapters_and_value_head_only_and_saves_merged(tmp_path):
     assert not hasattr(loaded.policy, "peft_config")  # a plain causal LM
     got = loaded(x)
     assert torch.allclose(got.logits, want.logits, atol=1e-5)
-    assert torch.allclose(got.values, want.values, atol=1e-6)
+    # Merging rounds differently; the value head (outputs up to ~100 after these steps) sees it.
+    assert torch.allclose(got.values, want.values, rtol=1e-5, atol=1e-5)
 
 
 def test_pretrained_config_errors():

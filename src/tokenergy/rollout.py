@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from tokenergy.envs.text import TextEnv
+from tokenergy.models.fast_decode import decoder_for
 from tokenergy.types import Role
 
 __all__ = [
@@ -239,33 +240,41 @@ def generate_turns(
         attn[i, L - len(c) :] = 1
     input_ids, attn = input_ids.to(device), attn.to(device)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    out = policy(
-        input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=True
-    )
-    cache = out.cache
-    logits = out.logits[:, -1]
+    fast = decoder_for(policy)  # Llama models: the lean decode loop, same logits
+    if fast is not None:
+        logits = fast.forward(input_ids, attn, position_ids, capacity=L + max_new_tokens)
+    else:
+        out = policy(
+            input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=True
+        )
+        cache, logits = out.cache, out.logits[:, -1]
     next_pos = position_ids[:, -1] + 1
-    new: list[list[int]] = [[] for _ in range(B)]
+    written = torch.zeros(B, max_new_tokens, dtype=torch.long)
+    lengths = torch.zeros(B, dtype=torch.long)
     done = torch.zeros(B, dtype=torch.bool)
     stop = torch.tensor(sorted(stop_ids))
-    for _ in range(max_new_tokens):
+    one = torch.ones(B, 1, dtype=attn.dtype, device=device)
+    for step in range(max_new_tokens):
         tok = sample_next(logits, temperature, top_p, generator).cpu()
-        for i in range(B):
-            if not done[i]:
-                new[i].append(int(tok[i]))
+        written[:, step] = tok
+        lengths += (~done).long()
         done |= torch.isin(tok, stop)
         if bool(done.all()):
             break
-        attn = torch.cat([attn, torch.ones(B, 1, dtype=attn.dtype, device=device)], dim=1)
-        out = policy(
-            input_ids=tok[:, None].to(device),
-            attention_mask=attn,
-            position_ids=next_pos[:, None],
-            cache=cache,
-            use_cache=True,
-        )
-        cache, logits = out.cache, out.logits[:, -1]
+        if fast is not None:
+            logits = fast.forward(tok[:, None].to(device), one, next_pos[:, None])
+        else:
+            attn = torch.cat([attn, one], dim=1)
+            out = policy(
+                input_ids=tok[:, None].to(device),
+                attention_mask=attn,
+                position_ids=next_pos[:, None],
+                cache=cache,
+                use_cache=True,
+            )
+            cache, logits = out.cache, out.logits[:, -1]
         next_pos = next_pos + 1
+    new = [row[:n].tolist() for row, n in zip(written, lengths.tolist(), strict=True)]
     return new
 
 
