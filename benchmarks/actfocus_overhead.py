@@ -7,7 +7,8 @@ Trains the same randomly initialised agent (which writes full-length turns, so e
 iteration processes the same number of tokens) with ``energy.weighting none`` and with
 ``actfocus`` (energy ``ref_surprisal``), alternating the two ``--repeats`` times. Reports the
 median iteration time (rollout + scoring + energy + update; evaluation excluded) and the
-median per-token time, and the relative difference. The reference forward that
+median per-token time, the peak memory of each run (a fresh process per run: resident set on
+CPU, allocated device memory on CUDA), and the relative differences. The reference forward that
 ``ref_surprisal`` reads is already part of PPO with a KL penalty, so the weighting itself is
 what is measured.
 """
@@ -15,6 +16,8 @@ what is measured.
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
+import resource
 import statistics
 import sys
 from pathlib import Path
@@ -23,12 +26,44 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import append_results
 
 
-def main() -> None:
+def _cfg(a: argparse.Namespace, weighting: str):
+    from tokenergy.config import config_from_dict
+
+    return config_from_dict(
+        {
+            "kind": "lm",
+            "device": a.device,
+            "env": {"name": a.env, "max_turns": 6},
+            "model": {"size": a.size},
+            "sft": {"episodes": 0},
+            "rollout": {"episodes": 32, "max_turn_tokens": 40},
+            "algo": {"name": "ppo", "iterations": a.iterations, "kl_coef": 0.02},
+            "energy": {"source": "ref_surprisal", "weighting": weighting},
+            "eval": {"episodes": 1, "every": 10_000},
+            "log": {"tensorboard": False, "progress": False},
+        }
+    )
+
+
+def one_run(job: tuple[argparse.Namespace, str]) -> tuple[list[dict], float]:
+    """One training run in this (fresh) process: its history and its peak memory in MB."""
     import torch
 
     from tokenergy.algos.lm import train_lm
-    from tokenergy.config import config_from_dict
 
+    a, weighting = job
+    torch.set_num_threads(a.threads)
+    if a.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    history = train_lm(_cfg(a, weighting)).history
+    if a.device.startswith("cuda"):
+        peak = torch.cuda.max_memory_allocated() / 2**20
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return history, peak
+
+
+def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", default="tiny")
     ap.add_argument("--env", default="sokoban")
@@ -37,30 +72,17 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
-
-    def cfg(weighting: str):
-        return config_from_dict(
-            {
-                "kind": "lm",
-                "device": a.device,
-                "env": {"name": a.env, "max_turns": 6},
-                "model": {"size": a.size},
-                "sft": {"episodes": 0},
-                "rollout": {"episodes": 32, "max_turn_tokens": 40},
-                "algo": {"name": "ppo", "iterations": a.iterations, "kl_coef": 0.02},
-                "energy": {"source": "ref_surprisal", "weighting": weighting},
-                "eval": {"episodes": 1, "every": 10_000},
-                "log": {"tensorboard": False, "progress": False},
-            }
-        )
 
     times: dict[str, list[float]] = {"none": [], "actfocus": []}
     per_ktok: dict[str, list[float]] = {"none": [], "actfocus": []}
+    peaks: dict[str, list[float]] = {"none": [], "actfocus": []}
+    ctx = mp.get_context("spawn")
     for _ in range(a.repeats):
         for weighting in ("none", "actfocus"):
-            res = train_lm(cfg(weighting))
-            for row in res.history[1:]:  # the first iteration warms caches up
+            with ctx.Pool(1, maxtasksperchild=1) as pool:
+                history, peak = pool.apply(one_run, ((a, weighting),))
+            peaks[weighting].append(peak)
+            for row in history[1:]:  # the first iteration warms caches up
                 t = row["perf/rollout_s"] + row["perf/update_s"]
                 times[weighting].append(t)
                 per_ktok[weighting].append(1000 * t / (row["rollout/tokens"] * 32))
@@ -68,11 +90,16 @@ def main() -> None:
     med_tok = {k: statistics.median(v) for k, v in per_ktok.items()}
     over = 100 * (med["actfocus"] / med["none"] - 1)
     over_tok = 100 * (med_tok["actfocus"] / med_tok["none"] - 1)
+    mem = {k: statistics.median(v) for k, v in peaks.items()}
+    over_mem = 100 * (mem["actfocus"] / mem["none"] - 1)
+    what = "allocated device" if a.device.startswith("cuda") else "resident"
     body = (
-        "| weighting | iteration s (median) | s per 1k tokens (median) |\n|---|---|---|\n"
-        f"| none (PPO) | {med['none']:.3f} | {med_tok['none']:.4f} |\n"
-        f"| actfocus | {med['actfocus']:.3f} | {med_tok['actfocus']:.4f} |\n\n"
-        f"ActFocus overhead: {over:+.1f}% per iteration, {over_tok:+.1f}% per token. "
+        f"| weighting | iteration s (median) | s per 1k tokens (median) | peak {what} MB |\n"
+        "|---|---|---|---|\n"
+        f"| none (PPO) | {med['none']:.3f} | {med_tok['none']:.4f} | {mem['none']:.0f} |\n"
+        f"| actfocus | {med['actfocus']:.3f} | {med_tok['actfocus']:.4f} | {mem['actfocus']:.0f} |\n\n"
+        f"ActFocus overhead: {over:+.1f}% per iteration, {over_tok:+.1f}% per token, "
+        f"{over_mem:+.1f}% peak memory. "
         f"model {a.size}, env {a.env}, 32 episodes x up to 6 turns x 40 tokens, "
         f"{a.iterations - 1} timed iterations x {a.repeats} alternating repeats, "
         f"{a.threads} torch threads, device {a.device}."

@@ -1,6 +1,6 @@
 """Classic PPO, tokenergy against Stable-Baselines3, same hyper-parameters, network and envs.
 
-Usage: python benchmarks/sb3_ppo.py [--seeds 5] [--envs cartpole bottleneck] [--jobs 2]
+Usage: python benchmarks/sb3_ppo.py [--seeds 10] [--envs cartpole bottleneck] [--jobs 2]
 Needs the benchmark extra: `pip install -e '.[bench]'` (`make bench` does it).
 
 For each env preset (configs/cartpole.yaml, configs/bottleneck.yaml) and seed, both libraries
@@ -37,7 +37,7 @@ CONFIGS = Path(__file__).parent.parent / "configs"
 ENVS = {
     # preset, total steps, budgets at which the return is read
     "cartpole": ("cartpole.yaml", 100_000, (25_000, 50_000, 100_000)),
-    "bottleneck": ("bottleneck.yaml", 150_000, (50_000, 100_000, 150_000)),
+    "bottleneck": ("bottleneck.yaml", 300_000, (100_000, 200_000, 300_000)),
 }
 
 
@@ -150,7 +150,7 @@ def _fmt(xs: list[float]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--envs", nargs="+", default=list(ENVS), choices=list(ENVS))
     ap.add_argument("--jobs", type=int, default=2)
     a = ap.parse_args()
@@ -191,7 +191,14 @@ def main() -> None:
                 f"| {e} | {'tokenergy' if lib == 'tokenergy' else 'SB3'} | {med[lib]:,.0f} | "
                 f"{ratio} | {budgets} | {statistics.median(r['peak_mb'] for r in rs):.0f} |"
             )
-    table = "\n".join(lines)
+    table = "\n".join(lines) + "\n\nFinal return per seed (seeds 0, 1, …):\n"
+    for e in a.envs:
+        last = ENVS[e][2][-1]
+        for lib in ("tokenergy", "sb3"):
+            rs = sorted(
+                (r for r in rows if r["lib"] == lib and r["env"] == e), key=lambda r: r["seed"]
+            )
+            table += f"\n- {e}, {lib}: " + ", ".join(f"{r['at'][last]:.2f}" for r in rs)
 
     summary = (
         f"\n\n{a.seeds} seeds per library and env, one torch thread per run, {a.jobs} runs at a "
