@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
@@ -140,34 +141,19 @@ def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path
     noiseless SFT data) make the global batch the same in both runs, and one minibatch makes
     the update a function of the batch alone. The combined update must match.
     """
-    base = [
-        "--sft.episodes",
-        "256",
-        "--sft.epochs",
-        "4",
-        "--sft.batch_size",
-        "32",
-        "--algo.iterations",
-        "1",
-    ]
-    base += [
-        "--rollout.episodes",
-        "8",
-        "--eval.episodes",
-        "4",
-        "--log.progress",
-        "false",
-        "--device",
-        "cpu",
-    ]
+    # Tree search (2 levels, 4 leaf visits): an episode ends at the goal or after the budget,
+    # so episodes differ in length with their outcome.
+    env = "--env.name tree_search --env.max_turns 4 --log.progress false --device cpu"
+    base = shlex.split(f"{env} --sft.episodes 256 --sft.epochs 4 --sft.batch_size 32")
+    base += shlex.split("--algo.iterations 1 --rollout.episodes 8 --eval.episodes 4")
     _train(base, tmp_path / "base", [sys.executable])
-    args = (
-        f"--model.path {tmp_path / 'base' / 'agent'} "
+    args = shlex.split(
+        f"{env} --model.path {tmp_path / 'base' / 'agent'} "
         "--sft.episodes 16 --sft.epochs 1 --sft.batch_size 16 --sft.epsilon 0 "
-        "--rollout.episodes 8 --rollout.temperature 0.000001 --env.max_turns 3 "
+        "--rollout.episodes 8 --rollout.temperature 0.000001 "
         "--algo.iterations 1 --algo.epochs 2 --algo.minibatches 1 "
-        "--eval.episodes 4 --eval.every 1 --log.progress false --device cpu"
-    ).split()
+        "--eval.episodes 4 --eval.every 1"
+    )
     accelerate = str(Path(sys.executable).with_name("accelerate"))
     _train(args, tmp_path / "one", [sys.executable])
     launch = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]

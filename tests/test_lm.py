@@ -52,7 +52,7 @@ def tiny_cfg(**over):
 
 def test_tokenizer_covers_every_env_text(tok):
     unk = tok.unk_token_id
-    for name in ("frozenlake", "sokoban", "sudoku4"):
+    for name in ("frozenlake", "sokoban", "sudoku4", "treasure", "tree_search"):
         env = make(name)
         env.reset(seed=1)
         for _ in range(3):

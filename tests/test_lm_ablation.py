@@ -8,7 +8,8 @@ from test_lm import tiny_cfg
 from tokenergy.config import apply_overrides
 from tokenergy.experiments import plan_lm_ablation, run_ablation
 from tokenergy.runs import RunDirError
-from tokenergy.token_reports import is_lm_ablation, write_lm_ablation_report
+from tokenergy.token_reports import is_lm_ablation, read_samples, write_lm_ablation_report
+from tokenergy.types import Role
 
 
 def _base(**over):
@@ -59,8 +60,16 @@ def test_small_ablation_report_and_resume(tmp_path):
     assert [ln.split("|")[1].strip() for ln in lines[1:]] == ["SFT start", "ppo", "actfocus-ppo"]
     for name in ("report.md", "report.html", "curves.png", "diagnose.png"):
         assert (folder / name).is_file()
-    tokens = (out / "frozenlake" / "actfocus-ppo" / "seed_0" / "report" / "tokens.html").read_text()
-    assert 'class="action"' in tokens and "energy" in tokens
+    run = out / "frozenlake" / "actfocus-ppo" / "seed_0"
+    tokens = (run / "report" / "tokens.html").read_text()
+    assert 'class="obs"' in tokens and 'class="reasoning"' in tokens and "energy" in tokens
+    # the page shows the first sample of the first and of the last logged iteration; their
+    # action tokens (when the agent wrote an answer span) are marked as such
+    samples = read_samples(run)
+    its = [x["iteration"] for x in samples]
+    shown = [next(x for x in samples if x["iteration"] == it) for it in (min(its), max(its))]
+    wrote_answer = any(int(Role.ACTION) in x["roles"] for x in shown)
+    assert ('class="action"' in tokens) == wrote_answer
     metrics = (out / "frozenlake" / "ppo" / "seed_0" / "metrics.jsonl").read_text()
 
     assert run_ablation(base, 1, out, resume=True) == []  # everything finished: nothing reruns

@@ -125,7 +125,7 @@ def sft_agent():
             "kind": "lm",
             "env": {"name": "frozenlake", "max_turns": 6, "kwargs": KW},
             "model": {"size": "tiny"},
-            "sft": {"episodes": 64, "epochs": 12, "batch_size": 16, "lr": 1e-2, "epsilon": 0.2},
+            "sft": {"episodes": 96, "epochs": 12, "batch_size": 16, "lr": 1e-2, "epsilon": 0.2},
             "rollout": {"episodes": 4, "max_turn_tokens": 40},
             "algo": {"iterations": 0, "minibatches": 1},
             "log": {"tensorboard": False, "progress": False},

@@ -18,6 +18,7 @@ ENV_ARGS = {
     "sokoban": [{}, {"num_boxes": 2, "size": 7}],
     "sudoku4": [{}, {"num_holes": 10}],
     "tree_search": [{}, {"k": 3, "depth": 3, "goal": "zipf"}],
+    "treasure": [{}, {"difficulty": 4}],
 }
 ALL = [(n, kw) for n, kws in ENV_ARGS.items() for kw in kws]
 
@@ -36,7 +37,7 @@ def play_solver(env, seed):
 
 
 def test_registry_lists_the_envs():
-    assert {"frozenlake", "sokoban", "sudoku4", "tree_search"} <= set(TEXT_ENVS)
+    assert {"frozenlake", "sokoban", "sudoku4", "tree_search", "treasure"} <= set(TEXT_ENVS)
     with pytest.raises(KeyError, match="did you mean 'sokoban'"):
         make("sokoban2")
 
@@ -91,6 +92,8 @@ def test_clone_is_independent(name, kwargs):
         ("sudoku4", {}),
         ("sudoku4", {"num_holes": 10}),
         ("tree_search", {"k": 3, "depth": 3}),
+        ("treasure", {"difficulty": 0}),
+        ("treasure", {"difficulty": 6}),
     ],
 )
 def test_solver_solves_every_generated_level(name, kwargs):
@@ -351,3 +354,48 @@ def test_tree_search_zipf_goals_and_ranked_solver():
             env.step(env.solver_turn())
         visits.append(len(env.visited))
     assert np.mean(visits) < (3**2 + 1) / 2 - 1.5
+
+
+# --------------------------------------------------------------------------- treasure
+
+
+def test_treasure_hand_worked_episode():
+    env = make("treasure", difficulty=2)
+    obs, _ = env.reset(seed=3)
+    assert obs == (
+        "room armory . items : none . exits : east cave , north pantry . carry : nothing .\n"
+        "actions : go east || go north"
+    )
+    assert env.reasoning() == "key in forge . route : north east"
+    moves = ["go north", "go east", "take key", "go east"]
+    rewards = [env.step(answer(m))[1] for m in moves]
+    assert rewards == pytest.approx([-0.01, -0.01, 4.99, -0.01])
+    assert env.render().startswith("room library . items : none . exits : east chapel locked ,")
+    # the locked door: going through it is not an action; unlocking is (the key is carried)
+    obs, r, *_, info = env.step(answer("go east"))
+    assert info["invalid"] and r == -0.1 and obs.startswith("room library")
+    assert env.step(answer("unlock east"))[1] == pytest.approx(-0.01)
+    assert env.step(answer("go east"))[0].startswith("room chapel . items : treasure")
+    obs, r, term, trunc, info = env.step(answer("take treasure"))
+    assert r == pytest.approx(9.99) and term and not trunc and info["success"]
+
+
+def test_treasure_rules():
+    env = make("treasure", difficulty=3, max_steps=50)
+    for seed in range(40):
+        env.reset(seed=seed)
+        # the key never lies behind the locked door, and the treasure room is a dead end
+        assert env.key_room != env.treasure_room and len(env.exits[env.treasure_room]) == 1
+        assert set(env.door) == {env.treasure_room, *env.exits[env.treasure_room].values()}
+        while not env.done:
+            legal = env.legal_actions()
+            assert env.observation().endswith("actions : " + " || ".join(legal))
+            assert not any(a.startswith("unlock") for a in legal) or env.has_key
+            move = env.solver_action()
+            key_before = env.has_key
+            r = env.step(answer(move))[1]
+            if move == "take key":
+                assert r == pytest.approx(4.99) and env.has_key and not key_before
+                assert "take key" not in env.legal_actions()  # the key is taken once
+    with pytest.raises(ValueError, match="difficulty"):
+        make("treasure", difficulty=7)

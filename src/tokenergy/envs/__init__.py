@@ -1,6 +1,6 @@
 """Environments. Importing this package registers the ``tokenergy/*`` Gymnasium ids and the
 text envs of :func:`make` (``frozenlake``, ``sokoban``, ``sudoku4``, ``textworld``,
-``tree_search``)."""
+``tree_search``, ``treasure``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from tokenergy.envs.sokoban import SokobanText
 from tokenergy.envs.sudoku import Sudoku4Text
 from tokenergy.envs.text import TEXT_ENVS, TextEnv, make
 from tokenergy.envs.textworld_env import TextWorldText
+from tokenergy.envs.treasure import TreasureHuntText
 from tokenergy.envs.tree_search import TreeSearchText
 from tokenergy.envs.vector import BatchedEnv, EpisodeStats, StepResult
 
@@ -26,6 +27,7 @@ __all__ = [
     "Sudoku4Text",
     "TextEnv",
     "TextWorldText",
+    "TreasureHuntText",
     "TreeSearchText",
     "make",
 ]
