@@ -109,7 +109,20 @@ CREDIT = {
 }
 
 
-@pytest.mark.parametrize("extra", [{}, CREDIT], ids=["plain", "credit"])
+KIT = {  # the robustness kit's state: the replay buffer, the curriculum level, the best agent
+    "rollout.replay_ratio": 0.5,
+    "env.curriculum_kwarg": "map_size",
+    "env.curriculum_values": [3, 4],
+    "env.curriculum_threshold": 0.0,
+    "env.curriculum_window": 3,
+    "algo.clip_eps_final": 0.1,
+    "algo.ent_coef_final": 0.0,
+    "eval.keep_best": True,
+    "model.train_top_blocks": 1,
+}
+
+
+@pytest.mark.parametrize("extra", [{}, CREDIT, KIT], ids=["plain", "credit", "kit"])
 def test_lm_resume_equals_the_straight_run(tmp_path, extra):
     from test_lm import tiny_cfg
 
@@ -132,6 +145,8 @@ def test_lm_resume_equals_the_straight_run(tmp_path, extra):
     assert _rows(tmp_path / "crashed") == _rows(tmp_path / "straight")
     assert [r["train/iteration"] for r in result.history] == [1, 2, 3, 4]
     assert (tmp_path / "crashed" / "agent" / "policy" / "config.json").is_file()
+    if extra is KIT:  # the curriculum's window (3 iterations) filled across the checkpoint
+        assert [r["train/curriculum_level"] for r in result.history] == [0, 0, 0, 1]
 
 
 def test_full_disk_is_a_clear_error_and_leaves_no_half_checkpoint(tmp_path, monkeypatch):

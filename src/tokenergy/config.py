@@ -325,6 +325,15 @@ class TextEnvConfig:
     name: str = _f("frozenlake", "registered text env: frozenlake, sokoban, sudoku4")
     kwargs: dict = _f({}, "keyword arguments of the env (e.g. is_slippery: true)")
     max_turns: int = _f(10, "turns before an episode is truncated by the rollout")
+    curriculum_kwarg: str | None = _f(
+        None, "curriculum: the env keyword argument it raises (e.g. difficulty); null: none"
+    )
+    curriculum_values: list = _f([], "curriculum: the values of that argument, easiest first")
+    curriculum_threshold: float = _f(
+        0.8,
+        "curriculum: rollout success (mean of the last curriculum_window iterations) to move on",
+    )
+    curriculum_window: int = _f(3, "curriculum: iterations averaged for the threshold")
 
     def __post_init__(self) -> None:
         from tokenergy.envs import TEXT_ENVS
@@ -335,6 +344,19 @@ class TextEnvConfig:
         except (TypeError, ValueError) as err:
             raise ConfigError("kwargs", f"{self.name}: {err}") from None
         _in_range(self.max_turns, "max_turns", 1, None)
+        if self.curriculum_kwarg is not None:
+            _check(
+                len(self.curriculum_values) >= 2,
+                "curriculum_values",
+                "a curriculum needs at least 2 values, easiest first",
+            )
+            for v in self.curriculum_values:
+                try:
+                    TEXT_ENVS.get(self.name)(**{**self.kwargs, self.curriculum_kwarg: v})
+                except (TypeError, ValueError) as err:
+                    raise ConfigError("curriculum_values", f"{self.name}: {err}") from None
+        _in_range(self.curriculum_threshold, "curriculum_threshold", 0.0, 1.0)
+        _in_range(self.curriculum_window, "curriculum_window", 1, None)
 
 
 @dataclass
@@ -354,6 +376,11 @@ class LMModelConfig:
     lora_targets: list = _f(
         ["q_proj", "k_proj", "v_proj", "o_proj"], "module names that get LoRA adapters"
     )
+    train_top_blocks: int | None = _f(
+        None,
+        "RL: train only the top k transformer blocks (and the final norm, LM head and value "
+        "head); embeddings and lower blocks freeze. null trains everything",
+    )
 
     def __post_init__(self) -> None:
         from tokenergy.models.lm import MODEL_SIZES
@@ -368,6 +395,8 @@ class LMModelConfig:
             _check(self.path is None, "path", "set either model.path or model.pretrained, not both")
         _in_range(self.lora_r, "lora_r", 0, None)
         _in_range(self.lora_alpha, "lora_alpha", 1, None)
+        if self.train_top_blocks is not None:
+            _in_range(self.train_top_blocks, "train_top_blocks", 0, None)
 
         _check(
             self.size in MODEL_SIZES,
@@ -408,9 +437,17 @@ class RolloutConfig:
     instructions: bool = _f(
         False, "open each episode with the env's one-line instructions (for pretrained models)"
     )
+    replay_ratio: float = _f(
+        0.0,
+        "success replay (ppo, reinforce): successful episodes replayed per new episode, "
+        "e.g. 0.25 adds 8 to a batch of 32; 0 turns it off",
+    )
+    replay_size: int = _f(256, "success replay: the most recent successes kept")
 
     def __post_init__(self) -> None:
         _in_range(self.episodes, "episodes", 1, None)
+        _in_range(self.replay_ratio, "replay_ratio", 0.0, 4.0)
+        _in_range(self.replay_size, "replay_size", 1, None)
         _in_range(self.group_size, "group_size", 1, None)
         _in_range(self.temperature, "temperature", 0.0, None, lo_open=True)
         _in_range(self.top_p, "top_p", 0.0, 1.0, lo_open=True)
@@ -452,6 +489,12 @@ class AlgoConfig:
     critic_warmup_iters: int = _f(
         0, "ppo: first RL iterations that train only the value head (the policy waits)"
     )
+    clip_eps_final: float | None = _f(
+        None, "clip-range schedule: clip_eps moves linearly to this by the last iteration"
+    )
+    ent_coef_final: float | None = _f(
+        None, "entropy-coefficient schedule: ent_coef moves linearly to this by the last iteration"
+    )
 
     def __post_init__(self) -> None:
         from tokenergy.algos.lm import ALGORITHMS
@@ -482,6 +525,10 @@ class AlgoConfig:
         )
         _in_range(self.max_grad_norm, "max_grad_norm", 0.0, None, lo_open=True)
         _in_range(self.critic_warmup_iters, "critic_warmup_iters", 0, None)
+        if self.clip_eps_final is not None:
+            _in_range(self.clip_eps_final, "clip_eps_final", 0.0, 1.0, lo_open=True, hi_open=True)
+        if self.ent_coef_final is not None:
+            _in_range(self.ent_coef_final, "ent_coef_final", 0.0, None)
         if self.critic_warmup_iters and self.name != "ppo":
             raise ConfigError(
                 "critic_warmup_iters", f"only ppo has a value head to warm up, not {self.name}"
@@ -599,6 +646,9 @@ class EvalConfig:
         0, "action-bottleneck diagnostic at each evaluation: env seeds (0 turns it off)"
     )
     diagnose_group: int = _f(8, "action-bottleneck diagnostic: rollouts per env seed")
+    keep_best: bool = _f(
+        False, "save the agent of the best held-out evaluation so far in <run>/best/"
+    )
 
     def __post_init__(self) -> None:
         _in_range(self.episodes, "episodes", 1, None)
@@ -676,6 +726,12 @@ class LMRunConfig:
                 "rollout.group_size",
                 "GRPO needs at least 2 episodes per env seed (group-relative advantages of a "
                 "group of one are 0); set rollout.group_size to 2 or more",
+            )
+        if self.rollout.replay_ratio > 0 and self.algo.name == "grpo":
+            raise ConfigError(
+                "rollout.replay_ratio",
+                "success replay is for ppo and reinforce: a replayed episode has no group in "
+                "GRPO's group-relative advantages",
             )
         if self.rollout.episodes % self.algo.minibatches:
             raise ConfigError(

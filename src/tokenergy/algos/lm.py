@@ -31,7 +31,7 @@ import json
 import os
 import shutil
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -315,6 +315,76 @@ def _write_samples(
             f.write(json.dumps(record) + "\n")
 
 
+def _scheduled(start: float, final: float | None, iteration: int, n_iters: int) -> float:
+    """``start`` moved linearly to ``final`` (when given) over the RL iterations."""
+    if final is None or n_iters <= 1:
+        return start
+    return start + (final - start) * iteration / (n_iters - 1)
+
+
+class Curriculum:
+    """Raises ``env.curriculum_kwarg`` through ``env.curriculum_values`` as training succeeds.
+
+    The training rollouts play the current level; held-out evaluation keeps ``env.kwargs``
+    (the task the run is for). The level moves on when the rollout success, averaged over
+    the last ``curriculum_window`` iterations at this level, reaches the threshold.
+    """
+
+    def __init__(self, cfg: LMRunConfig) -> None:
+        self.cfg = cfg
+        self.e = cfg.env
+        self.level = 0
+        self.recent: list[float] = []
+        self._configs: dict[int, LMRunConfig] = {}
+
+    @property
+    def active(self) -> bool:
+        return self.e.curriculum_kwarg is not None
+
+    def config(self) -> LMRunConfig:
+        """The run config with the env at the current level (the config itself without one)."""
+        if not self.active:
+            return self.cfg
+        if self.level not in self._configs:
+            import dataclasses
+
+            kwargs = {
+                **self.e.kwargs,
+                self.e.curriculum_kwarg: self.e.curriculum_values[self.level],
+            }
+            env = dataclasses.replace(self.e, kwargs=kwargs)
+            self._configs[self.level] = dataclasses.replace(self.cfg, env=env)
+        return self._configs[self.level]
+
+    def after_iteration(self, success: float) -> None:
+        if not self.active or self.level + 1 >= len(self.e.curriculum_values):
+            return
+        self.recent = [*self.recent, success][-self.e.curriculum_window :]
+        full = len(self.recent) == self.e.curriculum_window
+        if full and sum(self.recent) / len(self.recent) >= self.e.curriculum_threshold:
+            self.level += 1
+            self.recent = []
+
+    def state_dict(self) -> dict:
+        return {"level": self.level, "recent": list(self.recent)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.level = state.get("level", 0)
+        self.recent = list(state.get("recent", []))
+
+
+def _save_best(agent, run_dir: Path, iteration: int, ev: dict[str, float]) -> None:
+    """The agent of the best evaluation so far, in ``<run>/best/`` (replaced atomically)."""
+    from tokenergy.models import save_agent
+
+    tmp = run_dir / ".best-tmp"
+    save_agent(agent, tmp)
+    (tmp / "best.json").write_text(json.dumps({"iteration": iteration, **ev}, indent=1))
+    if (run_dir / "best").exists():
+        shutil.rmtree(run_dir / "best")
+    os.replace(tmp, run_dir / "best")
+
+
 def _check_parallel(cfg: LMRunConfig, par: Parallel) -> None:
     """Refuse what several processes cannot share, before any work starts."""
     if cfg.energy.source in ("discriminator", "uncertainty") and cfg.energy.active:
@@ -328,6 +398,11 @@ def _check_parallel(cfg: LMRunConfig, par: Parallel) -> None:
             f"rollout.episodes {cfg.rollout.episodes} (groups of {cfg.rollout.group_size}) do "
             f"not split over {par.world} processes; choose a multiple of "
             f"{cfg.rollout.group_size * par.world}"
+        )
+    if cfg.rollout.replay_ratio > 0:
+        raise ValueError(
+            "rollout.replay_ratio: success replay keeps a buffer per process whose sizes differ; "
+            "it runs in a single process only"
         )
     local = cfg.rollout.episodes // par.world
     if local < cfg.algo.minibatches:
@@ -407,6 +482,7 @@ def train_lm(
 
     # ---- SFT warm start -------------------------------------------------------------------
     ts: dict[str, Any] | None = None
+    best_success = float("-inf")  # eval.keep_best
     if resume is None:
         if cfg.sft.episodes > 0:
             sft(agent, cfg, log=log if run is not None else None, par=par)
@@ -417,6 +493,9 @@ def train_lm(
             **(_diagnose(agent, cfg, diag_gen) if par.is_main else {}),
         }
         credit.after_eval(ev["eval/success"])
+        if cfg.eval.keep_best and run is not None:
+            best_success = ev["eval/success"]
+            _save_best(agent, run.path, 0, ev)
         evals.append(ev)
         log(0, ev)
         if progress is not None:
@@ -431,6 +510,10 @@ def train_lm(
 
     # ---- RL -------------------------------------------------------------------------------
     ref = copy.deepcopy(agent.policy).eval().requires_grad_(False) if credit.has_reference else None
+    if cfg.model.train_top_blocks is not None:
+        from tokenergy.models.lm import freeze_lower_blocks
+
+        freeze_lower_blocks(agent.policy, cfg.model.train_top_blocks)
 
     if ref is not None and ts is not None:
         ref.load_state_dict(ts["ref"])
@@ -442,6 +525,9 @@ def train_lm(
         weight_decay=0.0,
     )
     n_groups = cfg.rollout.episodes // cfg.rollout.group_size
+    replay: deque = deque(maxlen=cfg.rollout.replay_size)  # successful episodes, newest last
+    n_replay = round(cfg.rollout.replay_ratio * cfg.rollout.episodes)
+    curriculum = Curriculum(cfg)
     episodes_done = 0
     skipped_steps = 0  # non-finite steps skipped (and rolled back), over the run
     start_iteration = 0
@@ -456,6 +542,9 @@ def train_lm(
         credit.load_state_dict(ts["credit"])
         diag_gen.set_state(ts["diag_generator"])
         start_iteration = ts["iteration"]
+        replay.extend(ts.get("replay", []))
+        curriculum.load_state_dict(ts.get("curriculum", {}))
+        best_success = ts.get("best_success", best_success)
         t_start -= ts["elapsed_s"]
         if run is not None:
             from tokenergy.runs import read_metrics
@@ -469,8 +558,15 @@ def train_lm(
         seeds = par.shard(seeds, cfg.rollout.group_size, what="episodes")  # whole groups
         groups = [i // cfg.rollout.group_size for i in range(len(seeds))]
         agent.eval()
-        traj = run_episodes(agent, cfg, seeds, generator=gen, groups=groups)
-        episodes_done += traj.batch_size * par.world
+        fresh = run_episodes(agent, curriculum.config(), seeds, generator=gen, groups=groups)
+        episodes_done += fresh.batch_size * par.world
+        traj, replayed = fresh, 0
+        if n_replay and replay:  # success replay: earlier successes join the batch
+            picks = torch.randint(len(replay), (min(n_replay, len(replay)),), generator=gen)
+            old = [replay[int(i)] for i in picks]
+            traj, replayed = collate(fresh.episodes + old, tok.pad_token_id), len(old)
+        if n_replay:
+            replay.extend(e for e in fresh.episodes if e.success)
         t_rollout = time.perf_counter() - t0
 
         # ---- score, rewards, advantages (no gradient) ------------------------------------
@@ -501,6 +597,8 @@ def train_lm(
 
         # ---- update -------------------------------------------------------------------------
         critic_only = iteration < a.critic_warmup_iters  # the value head learns, the policy waits
+        clip_eps = _scheduled(a.clip_eps, a.clip_eps_final, iteration, n_iters)
+        ent_coef = _scheduled(a.ent_coef, a.ent_coef_final, iteration, n_iters)
         agent.train()
         snapshot = Snapshot(agent, opt)  # the last good state, for a rollback
         sums: dict[str, float] = {}
@@ -526,7 +624,7 @@ def train_lm(
                     sc.logprobs[idx, cols].to(device),
                     adv_loss[idx, cols].to(device),
                     mb_mask,
-                    a.clip_eps,
+                    clip_eps,
                     weights=None if weights is None else weights[idx, cols].to(device),
                     clip_eps_high=a.clip_eps_high,
                 )
@@ -544,12 +642,12 @@ def train_lm(
                     )
                     loss = loss + a.vf_coef * v_loss
                     metrics.update(v_m)
-                if a.ent_coef > 0:
+                if ent_coef > 0:
                     logp = torch.log_softmax(out.logits[:, :-1].float(), -1)
                     ent = -(logp.exp() * logp).sum(-1)
                     ent = torch.cat([ent.new_zeros(ent.shape[0], 1), ent], 1)
                     ent_mean = masked_mean(ent, mb_mask)
-                    loss = loss - a.ent_coef * ent_mean
+                    loss = loss - ent_coef * ent_mean
                     metrics["entropy_bonus"] = ent_mean.detach()
                 if a.kl_coef > 0 and a.kl_in == "loss":
                     kl = masked_mean(
@@ -608,7 +706,11 @@ def train_lm(
             "kl/ref": float(masked_mean(kl_estimate(sc.logprobs, sc.ref_logprobs, "k3"), mask)),
             "adv/mean": float(masked_mean(advantages, mask)),
             "adv/std": float(masked_var(advantages, mask).sqrt()),
-            **_episode_stats(traj, "rollout"),
+            **_episode_stats(fresh, "rollout"),  # the new episodes (replayed ones excluded)
+            "rollout/replayed": replayed,
+            "train/clip_eps": clip_eps,
+            "train/ent_coef": ent_coef,
+            "train/curriculum_level": curriculum.level,
             "perf/rollout_s": t_rollout,
             "perf/update_s": t_update,
             "perf/gen_tokens_per_s": trained_tokens / max(t_rollout, 1e-9),
@@ -634,7 +736,8 @@ def train_lm(
             row["loss/prior_kl"] = means["prior_kl"]
         if energy is not None:
             row.update(credit.metrics(energy, weights, traj, iteration))
-        row = par.average_metrics(row, float(traj.batch_size))
+        row = par.average_metrics(row, float(fresh.batch_size))
+        curriculum.after_iteration(row["rollout/success"])
         last = iteration + 1 == n_iters
         if (iteration + 1) % cfg.eval.every == 0 or last:
             ev = evaluate(agent, cfg, par=par)
@@ -643,6 +746,9 @@ def train_lm(
             row.update(ev)
             evals.append({"train/iteration": iteration + 1, **ev})
             credit.after_eval(ev["eval/success"])
+            if cfg.eval.keep_best and run is not None and ev["eval/success"] > best_success:
+                best_success = ev["eval/success"]
+                _save_best(agent, run.path, iteration + 1, ev)
         history.append({"train/global_step": episodes_done, **row})
         if run is not None:
             run.log(episodes_done, row)
@@ -658,6 +764,9 @@ def train_lm(
                     "torch_rng": torch.get_rng_state(),
                     "episodes_done": episodes_done,
                     "skipped_steps": skipped_steps,
+                    "replay": list(replay),
+                    "curriculum": curriculum.state_dict(),
+                    "best_success": best_success,
                     "credit": credit.state_dict(),
                     "diag_generator": diag_gen.get_state(),
                     "elapsed_s": time.perf_counter() - t_start,

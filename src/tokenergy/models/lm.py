@@ -214,6 +214,41 @@ def _quiet_transformers() -> None:
     hf_logging.disable_progress_bar()
 
 
+def freeze_lower_blocks(policy: torch.nn.Module, k: int) -> list[str]:
+    """Freeze all but the top ``k`` transformer blocks of ``policy``; return the frozen names.
+
+    The input embeddings freeze with the lower blocks, unless they are tied to the LM head
+    (then they are the output layer and keep training); the final norm and the LM head keep
+    training. Works on Llama-style (``model.layers``) and GPT-2-style (``transformer.h``)
+    models and on peft wrappers around them.
+    """
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    inner = getattr(base, "model", None) or getattr(base, "transformer", None)
+    blocks = getattr(inner, "layers", None)
+    if blocks is None:
+        blocks = getattr(inner, "h", None)
+    if blocks is None:
+        raise ValueError(
+            f"train_top_blocks: cannot find the transformer blocks of {type(base).__name__}"
+        )
+    if k > len(blocks):
+        raise ValueError(f"train_top_blocks = {k}, but the model has {len(blocks)} blocks")
+    frozen: list[torch.nn.Module] = list(blocks)[: len(blocks) - k]
+    emb = base.get_input_embeddings()
+    out = base.get_output_embeddings()
+    if out is None or out.weight is not emb.weight:
+        frozen.append(emb)
+    if hasattr(inner, "wpe"):
+        frozen.append(inner.wpe)  # GPT-2's learned positions sit below the blocks too
+    frozen_ids = {id(p) for m in frozen for p in m.parameters()}
+    names = []
+    for name, p in policy.named_parameters():
+        if id(p) in frozen_ids:
+            p.requires_grad_(False)
+            names.append(name)
+    return names
+
+
 def agent_from_config(model_cfg, seed: int = 0) -> AgentModel:
     """The agent a run's ``model`` section asks for: a local folder, a registered pretrained
     model, or a fresh one of a named size; then LoRA when ``lora_r > 0``."""
