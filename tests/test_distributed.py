@@ -182,3 +182,21 @@ def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path
     assert float(diff.max()) < 1e-4  # the learning rates are 3e-4 (RL) and 3e-3 (SFT)
     # Only rank 0 wrote the run folder: one row per logged step, no duplicates.
     assert [r["train/global_step"] for r in two] == [r["train/global_step"] for r in one]
+
+
+def test_what_processes_cannot_share_is_refused_before_any_work():
+    from test_lm import tiny_cfg
+    from tokenergy.algos.lm import _check_parallel
+
+    two = Parallel(rank=0, world=2)
+    _check_parallel(tiny_cfg(), two)  # 4 episodes, 2 minibatches: 2 episodes per process
+    cases = [
+        ({"rollout.episodes": 6, "algo.minibatches": 1}, Parallel(0, 4), "multiple of 4"),
+        ({"rollout.replay_ratio": 0.5}, two, "success replay"),
+        ({"energy.source": "discriminator", "energy.weighting": "bottleneck"}, two, "single"),
+        ({"sft.episodes": 5, "sft.batch_size": 4}, two, "sft.episodes 5"),
+        ({"rollout.episodes": 4, "algo.minibatches": 4}, two, "cannot fill"),
+    ]
+    for over, par, message in cases:
+        with pytest.raises(ValueError, match=message):
+            _check_parallel(tiny_cfg(**over), par)

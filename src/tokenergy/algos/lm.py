@@ -404,6 +404,13 @@ def _check_parallel(cfg: LMRunConfig, par: Parallel) -> None:
             "rollout.replay_ratio: success replay keeps a buffer per process whose sizes differ; "
             "it runs in a single process only"
         )
+    for field_name in ("episodes", "batch_size"):
+        n = getattr(cfg.sft, field_name)
+        if cfg.sft.episodes and n % par.world:
+            raise ValueError(
+                f"sft.{field_name} {n} does not split over {par.world} processes; "
+                f"choose a multiple of {par.world}"
+            )
     local = cfg.rollout.episodes // par.world
     if local < cfg.algo.minibatches:
         raise ValueError(
