@@ -90,7 +90,13 @@ def run_tokenergy(cfg, agent) -> dict:
     hist = train_lm(cfg, agent=agent).history
     secs = [r["perf/rollout_s"] + r["perf/update_s"] for r in hist]
     tokens = [r["rollout/agent_tokens"] * BATCH for r in hist]
-    return {"secs": secs, "tokens": tokens, "reward": [r["rollout/return"] for r in hist]}
+    return {
+        "secs": secs,
+        "tokens": tokens,
+        "reward": [r["rollout/return"] for r in hist],
+        "rollout_s": [r["perf/rollout_s"] for r in hist],
+        "update_s": [r["perf/update_s"] for r in hist],
+    }
 
 
 def run_trl(cfg, folder: Path, steps: int, out: Path) -> dict:
@@ -255,13 +261,17 @@ def main() -> None:
             f"{s['final_reward']:+.3f} |"
         )
     ratio_tok = s_ours["tokens_s"] / s_trl["tokens_s"]
+    roll = statistics.median(x for r in runs["ours"] for x in r["rollout_s"][2:])
+    upd = statistics.median(x for r in runs["ours"] for x in r["update_s"][2:])
     ratio_step = s_trl["step_s"] / s_ours["step_s"]
     body = "\n".join(lines) + (
         f"\n\ntokenergy / TRL: {ratio_tok:.2f}x the tokens per second, steps {ratio_step:.2f}x "
         f"as fast. Model {a.model}, lr {a.lr:g}, {a.repeats} alternating runs of each trainer, {a.steps} steps "
         f"of {BATCH} completions (groups of {GROUP}), "
         f"at most {MAX_TOKENS} tokens each, {a.threads} torch threads, {a.device}. Reward curves: "
-        f"`{figure.relative_to(ROOT)}`."
+        f"`{figure.relative_to(ROOT)}`. tokenergy's step (medians): rollout {1000 * roll:.0f} ms "
+        f"(generation and the env, which makes a Sudoku puzzle per episode as TRL's reward "
+        f"function does), scoring + update {1000 * upd:.0f} ms."
     )
     print(body)
     append_results(f"GRPO: tokenergy vs TRL GRPOTrainer ({a.model}, {a.device})", body)
