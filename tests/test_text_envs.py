@@ -360,7 +360,7 @@ def test_tree_search_zipf_goals_and_ranked_solver():
 
 
 def test_treasure_hand_worked_episode():
-    env = make("treasure", difficulty=2)
+    env = make("treasure", difficulty=2, show_map=False)
     obs, _ = env.reset(seed=3)
     assert obs == (
         "room armory . items : none . exits : east cave , north pantry . carry : nothing .\n"
@@ -399,3 +399,19 @@ def test_treasure_rules():
                 assert "take key" not in env.legal_actions()  # the key is taken once
     with pytest.raises(ValueError, match="difficulty"):
         make("treasure", difficulty=7)
+
+
+def test_treasure_map_opens_the_episode():
+    env = make("treasure", difficulty=2)
+    obs, _ = env.reset(seed=3)
+    assert obs.splitlines()[0] == (
+        "map : armory east cave , armory north pantry , pantry east forge , forge east library , "
+        "library east chapel locked , library south hall . key : forge . treasure : chapel ."
+    )
+    assert obs.splitlines()[1:] == env.render().splitlines()
+    assert "map" not in env.step(answer("go north"))[0]  # it is in the context already
+    for seed in range(20):
+        env = make("treasure", difficulty=4)
+        first = env.reset(seed=seed)[0].splitlines()[0]
+        assert first.count(" , ") + 1 == len(env.names) - 1  # a tree: rooms - 1 passages
+        assert first.count(" locked") == 1

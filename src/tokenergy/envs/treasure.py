@@ -3,10 +3,17 @@
 Each level is a tree of rooms on a grid, grown at random from the start room (``difficulty``
 sets the number of rooms: ``3 + 2 * difficulty``). The treasure lies in a leaf room behind a
 locked door; the key lies in another room, never behind that door. The observation names the
-room, what lies in it, its exits, what the agent carries and every legal action:
+room, what lies in it, its exits, what the agent carries and every legal action; with
+``show_map`` (the default) the first observation opens with the map — every passage once,
+and where the key and the treasure are — so the solver's plan can be read off the context:
 
-    room kitchen . items : key . exits : north hall , east library locked . carry : nothing .
+    map : hall east library , hall south kitchen , library east vault locked . key : kitchen .
+    treasure : vault .
+    room kitchen . items : key . exits : north hall . carry : nothing .
     actions : go north || take key
+
+Without the map the level is partially observable: the agent has to explore, and the
+solver's scratchpad (which names the key's room and the route) is privileged.
 
 Moves: ``go <direction>``, ``take key``, ``unlock <direction>`` (with the key, at the locked
 door), ``take treasure``. Rewards: +5 for the key (once), +10 for the treasure (the episode
@@ -40,6 +47,7 @@ class TreasureHuntText(TextEnv):
     Args:
         difficulty: 0 … 6; the level has ``3 + 2 * difficulty`` rooms.
         max_steps: moves before the episode is truncated.
+        show_map: open each observation with the map (see the module docstring).
         key_reward, treasure_reward, step_penalty: the rewards above.
         invalid_penalty: reward of an invalid turn.
     """
@@ -55,8 +63,10 @@ class TreasureHuntText(TextEnv):
         treasure_reward: float = 10.0,
         step_penalty: float = 0.01,
         invalid_penalty: float = -0.1,
+        show_map: bool = True,
     ) -> None:
         super().__init__(max_steps, 1, invalid_penalty)
+        self.show_map = show_map
         if not 0 <= difficulty <= MAX_DIFFICULTY:
             raise ValueError(
                 f"treasure: difficulty must be in [0, {MAX_DIFFICULTY}], got {difficulty}"
@@ -140,11 +150,27 @@ class TreasureHuntText(TextEnv):
             f"{d} {self.names[o]}" + (" locked" if self._locked(self.room, o) else "")
             for d, o in sorted(self.exits[self.room].items())
         )
-        return (
+        here = (
             f"room {self.names[self.room]} . items : {' '.join(items) or 'none'} . "
             f"exits : {exits} . carry : {'key' if self.has_key else 'nothing'} .\n"
             f"actions : {' || '.join(self.legal_actions())}"
         )
+        return here
+
+    def observation(self) -> str:
+        if self.show_map and self.steps == 0:
+            return f"{self._map()}\n{self.render()}"
+        return self.render()
+
+    def _map(self) -> str:
+        passages = []
+        for a in sorted(self.exits):
+            for d, b in sorted(self.exits[a].items()):
+                if a < b:  # each passage once, from the room nearer the start
+                    lock = " locked" if self._locked(a, b) else ""
+                    passages.append(f"{self.names[a]} {d} {self.names[b]}{lock}")
+        key, treasure = self.names[self.key_room], self.names[self.treasure_room]
+        return f"map : {' , '.join(passages)} . key : {key} . treasure : {treasure} ."
 
     # ---- the solver ------------------------------------------------------------------------
 
@@ -199,7 +225,7 @@ class TreasureHuntText(TextEnv):
     def vocabulary(cls) -> list[str]:
         words = {*ROOM_NAMES, *DIRECTIONS, "room", "items", "exits", "carry", "actions", "go"}
         words |= {"take", "unlock", "key", "treasure", "locked", "none", "nothing", "route"}
-        words |= {"here", "in", "done", ",", ":", ".", "||"}
+        words |= {"here", "in", "done", "map", ",", ":", ".", "||"}
         return sorted(words | set(cls.instructions.split()))
 
 
