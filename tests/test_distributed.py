@@ -144,7 +144,7 @@ def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path
     # Tree search (2 levels, 4 leaf visits): an episode ends at the goal or after the budget,
     # so episodes differ in length with their outcome.
     env = "--env.name tree_search --env.max_turns 4 --log.progress false --device cpu"
-    base = shlex.split(f"{env} --sft.episodes 256 --sft.epochs 4 --sft.batch_size 32")
+    base = shlex.split(f"{env} --sft.episodes 256 --sft.epochs 8 --sft.batch_size 16 --sft.lr 0.01")
     base += shlex.split("--algo.iterations 1 --rollout.episodes 8 --eval.episodes 4")
     _train(base, tmp_path / "base", [sys.executable])
     args = shlex.split(
@@ -167,19 +167,21 @@ def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path
     assert rl_two["train/episodes"] == rl_one["train/episodes"] == 8
     # The episodes differ in length, so an unweighted average of the processes' gradients
     # would not be the global one.
-    assert rl_one["rollout/agent_tokens"] != int(rl_one["rollout/agent_tokens"])
+    assert rl_one["rollout/agent_tokens_std"] > 0
     assert rl_two["rollout/agent_tokens"] == pytest.approx(rl_one["rollout/agent_tokens"])
     # The pre-clip norm of the combined gradient is the single process's.
     assert rl_two["train/grad_norm"] == pytest.approx(rl_one["train/grad_norm"], rel=1e-5)
     assert rl_two["rollout/return"] == pytest.approx(rl_one["rollout/return"], abs=1e-6)
-    # Weights after SFT + RL: equal up to float noise (Adam's first steps scale a near-zero
-    # gradient to a full step, so a handful of such entries may differ by up to ~lr).
-    wa, wb = _weights(tmp_path / "one"), _weights(tmp_path / "two")
-    assert wa.keys() == wb.keys()
-    diff = torch.cat([(wa[k] - wb[k]).abs().flatten() for k in wa])
-    assert diff.numel() > 100_000
-    assert float((diff > 1e-6).float().mean()) < 5e-4
-    assert float(diff.max()) < 1e-4  # the learning rates are 3e-4 (RL) and 3e-3 (SFT)
+    # The weights moved the same way from the common start (base/agent): the two updates
+    # differ by float noise only (Adam's first steps blow a near-zero gradient up to a full
+    # step, so a few entries differ more than the rest; the norm of the difference is small).
+    start, wa, wb = (_weights(tmp_path / d) for d in ("base", "one", "two"))
+    assert wa.keys() == wb.keys() == start.keys()
+    step_one = torch.cat([(wa[k] - start[k]).flatten() for k in wa])
+    step_two = torch.cat([(wb[k] - start[k]).flatten() for k in wa])
+    assert step_one.numel() > 100_000 and float(step_one.norm()) > 0
+    rel = float((step_two - step_one).norm() / step_one.norm())
+    assert rel < 1e-3  # measured: 8e-5
     # Only rank 0 wrote the run folder: one row per logged step, no duplicates.
     assert [r["train/global_step"] for r in two] == [r["train/global_step"] for r in one]
 

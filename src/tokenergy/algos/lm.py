@@ -187,6 +187,7 @@ def _episode_stats(traj: Trajectories, prefix: str) -> dict[str, float]:
         f"{prefix}/turns": float(turns.mean()),
         f"{prefix}/tokens": float((traj.last_index + 1).float().mean()),
         f"{prefix}/agent_tokens": float(agent_tokens.mean()),
+        f"{prefix}/agent_tokens_std": float(agent_tokens.std(unbiased=False)),
         f"{prefix}/action_token_share": float(action.sum() / traj.mask.sum().clamp(min=1)),
     }
 
