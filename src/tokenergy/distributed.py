@@ -97,6 +97,14 @@ class Parallel:
         dist.all_reduce(out, op=dist.ReduceOp.SUM)
         return out
 
+    def token_share(self, mask: torch.Tensor) -> float:
+        """This process's share ``n_r / N`` of the minibatch's trained tokens (1.0 alone,
+        without a device sync)."""
+        if not self.enabled:
+            return 1.0
+        n = mask.sum().float()
+        return float(n / self.sum(n).clamp(min=1.0))
+
     def all_true(self, flag: bool, device: torch.device) -> bool:
         """True when ``flag`` is true on every process."""
         if not self.enabled:

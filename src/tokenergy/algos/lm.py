@@ -272,13 +272,13 @@ def sft(
             loss = -masked_mean(token_logprobs(out.logits, tokens), mask)
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            n_local = mask.sum().float()
-            par.reduce_gradients(trainable, float(n_local / par.sum(n_local).clamp(min=1.0)))
+            share = par.token_share(mask)  # of the global minibatch's tokens (1.0 alone)
+            par.reduce_gradients(trainable, share)
             torch.nn.utils.clip_grad_norm_(trainable, 1.0)
             opt.step()
             sched.step()
             step += 1
-            losses.append(float(par.sum(loss.detach() * n_local) / par.sum(n_local).clamp(min=1)))
+            losses.append(float(par.sum(loss.detach() * share)))  # the global token mean
             if log is not None:
                 log(step, {"sft/loss": losses[-1], "sft/step": step})
     return losses
@@ -681,8 +681,7 @@ def train_lm(
                     metrics["prior_kl"] = prior.detach()
                 if critic_only:
                     loss = a.vf_coef * v_loss
-                n_local = mb_mask.sum().float()
-                share = float(n_local / par.sum(n_local).clamp(min=1.0))
+                share = par.token_share(mb_mask)
                 grad_norm = guarded_step(
                     loss, agent, opt, params, a.max_grad_norm, snapshot, par=par, share=share
                 )
