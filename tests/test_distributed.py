@@ -100,23 +100,26 @@ def test_collectives_on_two_gloo_processes(tmp_path):
     assert r[0]["all_true"] is False and r[1]["all_true"] is False
 
 
-def _train(args: list[str], out: Path, launcher: list[str], threads: int = 2) -> None:
-    subprocess.run(
-        [
-            *launcher,
-            "-m",
-            "tokenergy.cli",
-            "train",
-            str(ROOT / "configs/sokoban-ppo.yaml"),
-            "--out",
-            str(out),
-            *args,
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+# A launch that fails on the network (a port taken between choosing it and binding it) is
+# retried with a new port; any other failure fails the test at once.
+_NETWORK = ("EADDRINUSE", "Address already in use", "DistNetworkError", "Connection refused")
+
+
+def _train(args: list[str], out: Path, launcher, threads: int = 2) -> None:
+    """``launcher()`` gives the command prefix (a fresh port for each try)."""
+    for attempt in range(3):
+        cmd = [*launcher(), "-m", "tokenergy.cli", "train", str(ROOT / "configs/sokoban-ppo.yaml")]
+        res = subprocess.run(
+            [*cmd, "--out", str(out), *args, *(["--overwrite"] if attempt else [])],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+        )
+        if res.returncode == 0 or not any(m in res.stderr for m in _NETWORK):
+            break
+    assert res.returncode == 0, (
+        f"{' '.join(cmd)} failed:\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
     )
 
 
@@ -146,7 +149,7 @@ def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path
     env = "--env.name tree_search --env.max_turns 4 --log.progress false --device cpu"
     base = shlex.split(f"{env} --sft.episodes 256 --sft.epochs 8 --sft.batch_size 16 --sft.lr 0.01")
     base += shlex.split("--algo.iterations 1 --rollout.episodes 8 --eval.episodes 4")
-    _train(base, tmp_path / "base", [sys.executable])
+    _train(base, tmp_path / "base", lambda: [sys.executable])
     args = shlex.split(
         f"{env} --model.path {tmp_path / 'base' / 'agent'} "
         "--sft.episodes 16 --sft.epochs 1 --sft.batch_size 16 --sft.epsilon 0 "
@@ -155,11 +158,10 @@ def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path
         "--eval.episodes 4 --eval.every 1"
     )
     accelerate = str(Path(sys.executable).with_name("accelerate"))
-    _train(args, tmp_path / "one", [sys.executable])
+    _train(args, tmp_path / "one", lambda: [sys.executable])
     launch = [accelerate, "launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1"]
-    launch += ["--mixed_precision", "no", "--dynamo_backend", "no"]
-    launch += ["--main_process_port", str(_free_port())]
-    _train(args, tmp_path / "two", launch, threads=1)
+    launch += ["--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port"]
+    _train(args, tmp_path / "two", lambda: [*launch, str(_free_port())], threads=1)
 
     one, two = _rows(tmp_path / "one"), _rows(tmp_path / "two")
     rl_one = next(r for r in one if r.get("train/iteration") == 1)
