@@ -374,16 +374,23 @@ class Curriculum:
         self.recent = list(state.get("recent", []))
 
 
-def _save_best(agent, run_dir: Path, iteration: int, ev: dict[str, float]) -> None:
-    """The agent of the best evaluation so far, in ``<run>/best/`` (replaced atomically)."""
+def _save_agent_folder(agent, dest: Path, info: dict | None = None) -> None:
+    """Save ``agent`` (and ``info`` as ``<dest>/<dest.name>.json``) so that ``dest`` appears
+    complete or not at all: written beside it, then renamed over it."""
     from tokenergy.models import save_agent
 
-    tmp = run_dir / ".best-tmp"
+    tmp = dest.with_name(f".{dest.name}-tmp")
     save_agent(agent, tmp)
-    (tmp / "best.json").write_text(json.dumps({"iteration": iteration, **ev}, indent=1))
-    if (run_dir / "best").exists():
-        shutil.rmtree(run_dir / "best")
-    os.replace(tmp, run_dir / "best")
+    if info is not None:
+        (tmp / f"{dest.name}.json").write_text(json.dumps(info, indent=1))
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(tmp, dest)
+
+
+def _save_best(agent, run_dir: Path, iteration: int, ev: dict[str, float]) -> None:
+    """The agent of the best evaluation so far, in ``<run>/best/`` with ``best.json``."""
+    _save_agent_folder(agent, run_dir / "best", {"iteration": iteration, **ev})
 
 
 def _check_parallel(cfg: LMRunConfig, par: Parallel) -> None:
@@ -452,7 +459,6 @@ def train_lm(
     multi-process run restores rank 0's random streams; the others start fresh ones.
     """
     from tokenergy.algos.ppo import resolve_device
-    from tokenergy.models import save_agent
     from tokenergy.models.lm import agent_from_config
 
     device = resolve_device(cfg.device)
@@ -788,9 +794,5 @@ def train_lm(
             progress(iteration + 2, total, episodes_done, row)
 
     if run is not None:
-        tmp = run.path / ".agent-tmp"
-        save_agent(agent, tmp)
-        if (run.path / "agent").exists():
-            shutil.rmtree(run.path / "agent")
-        os.replace(tmp, run.path / "agent")  # the final agent folder appears complete or not at all
+        _save_agent_folder(agent, run.path / "agent")
     return LMTrainResult(agent, history, evals, run.path if run is not None else None)
