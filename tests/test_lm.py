@@ -350,7 +350,8 @@ def test_every_logged_metric_is_documented(tmp_path):
         {"energy.weighting": "actfocus", "energy.reward_beta": 0.1, "energy.prior_beta": 0.1,
          "eval.diagnose_seeds": 2, "eval.diagnose_group": 2},
         {"energy.source": "discriminator", "energy.weighting": "bottleneck"},
-        {"energy.source": "uncertainty"},
+        {"energy.source": "uncertainty", "algo.sft_coef": 0.1, "algo.reward_whiten": True,
+         "rollout.curiosity_coef": 0.1, "algo.kl_target": 0.01},
     ]  # fmt: skip
     keys = set()
     for i, extra in enumerate([{}, *energy]):

@@ -122,7 +122,20 @@ KIT = {  # the robustness kit's state: the replay buffer, the curriculum level, 
 }
 
 
-@pytest.mark.parametrize("extra", [{}, CREDIT, KIT], ids=["plain", "credit", "kit"])
+ENVELOPE = {  # the envelope's state: the KL controller, the target value head, the curiosity
+    "algo.kl_target": 0.001,  # model and the ratio-cap count; the anchor's draws
+    "algo.kl_horizon": 8,
+    "algo.value_target_tau": 0.3,
+    "algo.reward_whiten": True,
+    "algo.sft_coef": 0.5,
+    "algo.sft_coef_final": 0.1,
+    "rollout.curiosity_coef": 0.05,
+}
+
+
+@pytest.mark.parametrize(
+    "extra", [{}, CREDIT, KIT, ENVELOPE], ids=["plain", "credit", "kit", "envelope"]
+)
 def test_lm_resume_equals_the_straight_run(tmp_path, extra):
     from test_lm import tiny_cfg
 

@@ -443,11 +443,17 @@ class RolloutConfig:
         "e.g. 0.25 adds 8 to a batch of 32; 0 turns it off",
     )
     replay_size: int = _f(256, "success replay: the most recent successes kept")
+    curiosity_coef: float = _f(
+        0.0,
+        "curiosity bonus: reward each turn with this times the surprise (mean NLL) of the "
+        "environment's reply under a small next-observation model; 0 off",
+    )
 
     def __post_init__(self) -> None:
         _in_range(self.episodes, "episodes", 1, None)
         _in_range(self.replay_ratio, "replay_ratio", 0.0, 4.0)
         _in_range(self.replay_size, "replay_size", 1, None)
+        _in_range(self.curiosity_coef, "curiosity_coef", 0.0, None)
         _in_range(self.group_size, "group_size", 1, None)
         _in_range(self.temperature, "temperature", 0.0, None, lo_open=True)
         _in_range(self.top_p, "top_p", 0.0, 1.0, lo_open=True)
@@ -495,6 +501,36 @@ class AlgoConfig:
     ent_coef_final: float | None = _f(
         None, "entropy-coefficient schedule: ent_coef moves linearly to this by the last iteration"
     )
+    kl_target: float | None = _f(
+        None,
+        "adaptive KL: kl_coef moves toward this mean per-token KL to the reference "
+        "(Ziegler et al.); null keeps kl_coef fixed",
+    )
+    kl_horizon: float = _f(256.0, "adaptive KL: episodes over which a 20% error moves kl_coef 20%")
+    reward_whiten: bool = _f(
+        False,
+        "envelope: clip each turn's env reward to mean ± reward_clip·std of the batch, "
+        "then divide by std",
+    )
+    reward_clip: float = _f(3.0, "envelope: reward_whiten's clip, in batch standard deviations")
+    ratio_cap: float | None = _f(
+        5.0,
+        "envelope: skip a minibatch step whose mean probability ratio exceeds this; null off",
+    )
+    precision: str = _f(
+        "fp32", "envelope: fp32, or bf16 (autocast of the scoring and update forward passes)"
+    )
+    value_target_tau: float | None = _f(
+        None,
+        "ppo: a target value head, soft-updated by this fraction each iteration, gives "
+        "the values of GAE; null uses the value head itself",
+    )
+    sft_coef: float = _f(
+        0.0, "SFT anchor: weight of the solver-demonstration NLL mixed into the RL loss; 0 off"
+    )
+    sft_coef_final: float | None = _f(
+        None, "SFT anchor: sft_coef moves linearly to this by the last iteration (decay)"
+    )
 
     def __post_init__(self) -> None:
         from tokenergy.algos.lm import ALGORITHMS
@@ -529,6 +565,28 @@ class AlgoConfig:
             _in_range(self.clip_eps_final, "clip_eps_final", 0.0, 1.0, lo_open=True, hi_open=True)
         if self.ent_coef_final is not None:
             _in_range(self.ent_coef_final, "ent_coef_final", 0.0, None)
+        if self.kl_target is not None:
+            _in_range(self.kl_target, "kl_target", 0.0, None, lo_open=True)
+            _check(self.kl_coef > 0, "kl_target", "needs kl_coef > 0 as its starting value")
+        _in_range(self.kl_horizon, "kl_horizon", 0.0, None, lo_open=True)
+        _in_range(self.reward_clip, "reward_clip", 0.0, None, lo_open=True)
+        if self.ratio_cap is not None:
+            _in_range(self.ratio_cap, "ratio_cap", 1.0, None, lo_open=True)
+        _check(
+            self.precision in ("fp32", "bf16"),
+            "precision",
+            f"must be fp32 or bf16, got {self.precision!r}",
+        )
+        if self.value_target_tau is not None:
+            _in_range(self.value_target_tau, "value_target_tau", 0.0, 1.0, lo_open=True)
+            _check(
+                self.name == "ppo",
+                "value_target_tau",
+                f"only ppo has a value head, not {self.name}",
+            )
+        _in_range(self.sft_coef, "sft_coef", 0.0, None)
+        if self.sft_coef_final is not None:
+            _in_range(self.sft_coef_final, "sft_coef_final", 0.0, None)
         if self.critic_warmup_iters and self.name != "ppo":
             raise ConfigError(
                 "critic_warmup_iters", f"only ppo has a value head to warm up, not {self.name}"

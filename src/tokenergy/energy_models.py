@@ -5,6 +5,9 @@
 - :class:`UncertaintyEnsemble` is a few heads predicting the environment's next observation
   token; their disagreement is high where the outcome of what the agent wrote is novel
   (curiosity by ensemble disagreement, Pathak et al., 2019, arXiv:1906.04161).
+- :class:`NextObservationModel` is one such head; its prediction error on the environment's
+  reply to a turn is that turn's curiosity bonus (``rollout.curiosity_coef``; Pathak et al.,
+  2017, arXiv:1705.05363, with a token model in place of a feature model).
 
 Both read a causal window of the ``window`` most recent token ids (the token itself
 included), never the policy's activations, so they cost a few small matrix products per
@@ -19,7 +22,7 @@ from torch import nn
 
 from tokenergy.types import Role
 
-__all__ = ["Discriminator", "UncertaintyEnsemble", "window_ids"]
+__all__ = ["Discriminator", "NextObservationModel", "UncertaintyEnsemble", "window_ids"]
 
 
 def window_ids(tokens: torch.Tensor, window: int, pad_id: int) -> torch.Tensor:
@@ -122,15 +125,26 @@ class UncertaintyEnsemble:
         self.last_loss = float("nan")
 
     @staticmethod
-    def targets(roles: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``[B, T]`` bool: positions whose next token is environment text after a turn."""
+    def targets(
+        roles: torch.Tensor, mask: torch.Tensor, attention_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """``[B, T]`` bool: positions whose next token is environment text after a turn
+        (padding, which has the observation role, is not, when ``attention_mask`` is given)."""
         agent_seen = mask.bool().cummax(1).values  # the agent has written by position t
         nxt_obs = torch.zeros_like(agent_seen)
         nxt_obs[:, :-1] = roles[:, 1:] == int(Role.OBSERVATION)
+        if attention_mask is not None:
+            nxt_obs[:, :-1] &= attention_mask[:, 1:].bool()
         return nxt_obs & agent_seen
 
-    def update(self, tokens: torch.Tensor, roles: torch.Tensor, mask: torch.Tensor) -> float:
-        where = self.targets(roles, mask)
+    def update(
+        self,
+        tokens: torch.Tensor,
+        roles: torch.Tensor,
+        mask: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+    ) -> float:
+        where = self.targets(roles, mask, attention_mask)
         if not bool(where.any()):
             return float("nan")
         labels = tokens[:, 1:][where[:, :-1]]
@@ -152,3 +166,76 @@ class UncertaintyEnsemble:
         mean_p = logp.exp().mean(0)
         js = (logp.exp() * (logp - mean_p.clamp_min(1e-12).log()[None])).sum(-1).mean(0)
         return js * inputs.mask.float()
+
+
+class NextObservationModel:
+    """A window net predicting each token of the environment's replies.
+
+    :meth:`bonus` puts on the last token of each turn the mean negative log-likelihood of the
+    reply that follows it (0 where no reply follows); :meth:`update` then fits the model to
+    the batch, so replies the agent keeps provoking stop paying.
+    """
+
+    def __init__(
+        self, vocab_size: int, window: int = 4, lr: float = 3e-3, steps: int = 20, seed: int = 0
+    ) -> None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            self.net = _WindowNet(vocab_size, vocab_size, window, dim=16, hidden=32)
+        self.opt = torch.optim.Adam(self.net.parameters(), lr=lr)
+        self.steps = steps
+        self.last_loss = float("nan")
+
+    def _nll(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[B, T]``: at ``t`` the NLL of token ``t + 1`` (0 at the last position)."""
+        logp = torch.log_softmax(self.net(tokens[:, :-1]), -1)
+        nll = -logp.gather(-1, tokens[:, 1:, None]).squeeze(-1)
+        return torch.cat([nll, nll.new_zeros(nll.shape[0], 1)], 1)
+
+    @torch.no_grad()
+    def bonus(
+        self,
+        tokens: torch.Tensor,
+        roles: torch.Tensor,
+        mask: torch.Tensor,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        from tokenergy.safety import turn_ends
+
+        ends = turn_ends(mask)
+        # the replies' tokens, one step early (the position that predicts each)
+        where = UncertaintyEnsemble.targets(roles, mask, attention_mask)
+        seg = ends.long().cumsum(1)  # reply i follows turn i
+        n_seg = int(seg.max()) + 1
+        nll = self._nll(tokens) * where
+        total = nll.new_zeros(tokens.shape[0], n_seg).scatter_add_(1, seg, nll)
+        count = nll.new_zeros(tokens.shape[0], n_seg).scatter_add_(1, seg, where.to(nll.dtype))
+        per_reply = total / count.clamp(min=1.0)
+        return per_reply.gather(1, seg) * ends
+
+    def update(
+        self,
+        tokens: torch.Tensor,
+        roles: torch.Tensor,
+        mask: torch.Tensor,
+        attention_mask: torch.Tensor,
+    ) -> float:
+        where = UncertaintyEnsemble.targets(roles, mask, attention_mask)[:, :-1]
+        if not bool(where.any()):
+            return float("nan")
+        labels = tokens[:, 1:][where]
+        for _ in range(self.steps):
+            logits = self.net(tokens[:, :-1])[where]
+            loss = nn.functional.cross_entropy(logits, labels)
+            self.opt.zero_grad(set_to_none=True)
+            loss.backward()
+            self.opt.step()
+        self.last_loss = float(loss.detach())
+        return self.last_loss
+
+    def state_dict(self) -> dict:
+        return {"net": self.net.state_dict(), "opt": self.opt.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.net.load_state_dict(state["net"])
+        self.opt.load_state_dict(state["opt"])

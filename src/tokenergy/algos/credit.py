@@ -141,7 +141,7 @@ class TokenCredit:
         if self.e.source == "discriminator":
             self.learned.update(solver_traj.tokens, solver_traj.mask, traj.tokens, traj.mask)
         elif self.e.source == "uncertainty":
-            self.learned.update(traj.tokens, traj.roles, traj.mask)
+            self.learned.update(traj.tokens, traj.roles, traj.mask, traj.attention_mask)
 
     # ---- metrics and state ------------------------------------------------------------------
 

@@ -26,6 +26,7 @@ process would on the global batch:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -58,7 +59,7 @@ from tokenergy.rollout import (
     token_logprobs,
 )
 from tokenergy.runs import Run
-from tokenergy.safety import Snapshot, guarded_step
+from tokenergy.safety import AdaptiveKL, Snapshot, clip_whiten_rewards, guarded_step, turn_ends
 from tokenergy.types import Role
 
 __all__ = [
@@ -412,6 +413,13 @@ def _check_parallel(cfg: LMRunConfig, par: Parallel) -> None:
             "rollout.replay_ratio: success replay keeps a buffer per process whose sizes differ; "
             "it runs in a single process only"
         )
+    if cfg.rollout.curiosity_coef > 0:
+        raise ValueError(
+            "rollout.curiosity_coef: the next-observation model would learn each process's own "
+            "episodes; it runs in a single process only"
+        )
+    if cfg.algo.sft_coef > 0:
+        raise ValueError("algo.sft_coef: the SFT anchor runs in a single process only")
     for field_name in ("episodes", "batch_size"):
         n = getattr(cfg.sft, field_name)
         if cfg.sft.episodes and n % par.world:
@@ -435,6 +443,51 @@ def _diagnose(agent, cfg: LMRunConfig, generator: torch.Generator) -> dict[str, 
     return action_bottleneck(
         agent, cfg, cfg.eval.diagnose_seeds, cfg.eval.diagnose_group, generator
     )
+
+
+def _autocast(device: torch.device, precision: str):
+    """bf16 autocast of a forward pass (``algo.precision``); fp32 does nothing."""
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+@contextlib.contextmanager
+def _value_head_swapped(agent: torch.nn.Module, head: torch.nn.Module | None):
+    """Score with ``head`` (the target value head) in place of the agent's own."""
+    if head is None:
+        yield
+        return
+    live, agent.value_head = agent.value_head, head
+    try:
+        yield
+    finally:
+        agent.value_head = live
+
+
+class _Anchor:
+    """The SFT anchor: noisy-solver demonstrations, drawn once, and their NLL under the policy.
+
+    Mixed into the RL loss as ``sft_coef * NLL`` on ``batch`` demonstrations per minibatch, so
+    the policy keeps the format and moves it learned by imitation while RL explores.
+    """
+
+    def __init__(self, agent, cfg: LMRunConfig, batch: int) -> None:
+        rng = np.random.default_rng([cfg.seed, 7])
+        n = max(cfg.sft.episodes, batch)
+        seeds = [int(x) for x in rng.integers(0, cfg.eval.seed_offset, size=n)]
+        self.data = run_episodes(agent, cfg, seeds, turn_fn=noisy_solver(cfg.sft.epsilon, rng))
+        self.batch = batch
+
+    def loss(self, agent, device: torch.device, gen: torch.Generator) -> torch.Tensor:
+        idx = torch.randperm(self.data.batch_size, generator=gen)[: self.batch]
+        mb = self.data.select(idx)
+        length = int(mb.last_index.max()) + 1
+        tokens = mb.tokens[:, :length].to(device)
+        out = agent.policy(
+            input_ids=tokens, attention_mask=mb.attention_mask[:, :length].to(device)
+        )
+        return -masked_mean(token_logprobs(out.logits, tokens), mb.mask[:, :length].to(device))
 
 
 # --------------------------------------------------------------------------- the loop
@@ -542,6 +595,21 @@ def train_lm(
     replay: deque = deque(maxlen=cfg.rollout.replay_size)  # successful episodes, newest last
     n_replay = round(cfg.rollout.replay_ratio * cfg.rollout.episodes)
     curriculum = Curriculum(cfg)
+    kl_ctl = AdaptiveKL(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target else None
+    target_head = (
+        copy.deepcopy(agent.value_head).requires_grad_(False)
+        if a.value_target_tau is not None
+        else None
+    )
+    curiosity = None
+    if cfg.rollout.curiosity_coef > 0:
+        from tokenergy.energy_models import NextObservationModel
+
+        curiosity = NextObservationModel(len(tok), seed=cfg.seed + 3)
+    anchor = None
+    if a.sft_coef > 0:
+        anchor = _Anchor(agent, cfg, max(1, cfg.rollout.episodes // a.minibatches))
+    ratio_skips = 0  # minibatch steps skipped by the ratio cap, over the run
     episodes_done = 0
     skipped_steps = 0  # non-finite steps skipped (and rolled back), over the run
     start_iteration = 0
@@ -559,6 +627,14 @@ def train_lm(
         replay.extend(ts.get("replay", []))
         curriculum.load_state_dict(ts.get("curriculum", {}))
         best_success = ts.get("best_success", best_success)
+        envelope = ts.get("envelope", {})
+        ratio_skips = envelope.get("ratio_skips", 0)
+        if kl_ctl is not None and "kl_ctl" in envelope:
+            kl_ctl.load_state_dict(envelope["kl_ctl"])
+        if target_head is not None and "target_head" in envelope:
+            target_head.load_state_dict(envelope["target_head"])
+        if curiosity is not None and "curiosity" in envelope:
+            curiosity.load_state_dict(envelope["curiosity"])
         t_start -= ts["elapsed_s"]
         if run is not None:
             from tokenergy.runs import read_metrics
@@ -585,12 +661,27 @@ def train_lm(
 
         # ---- score, rewards, advantages (no gradient) ------------------------------------
         t1 = time.perf_counter()
-        sc = score(agent, ref, traj, extras=frozenset({cfg.energy.source}))
+        with _autocast(device, a.precision), _value_head_swapped(agent, target_head):
+            sc = score(agent, ref, traj, extras=frozenset({cfg.energy.source}))
         mask = traj.mask
         kl_tok = kl_estimate(sc.logprobs, sc.ref_logprobs, a.kl_kind) * mask  # (B, T)
         rewards = traj.rewards.clone()
-        if a.kl_coef > 0 and a.kl_in == "reward":
-            rewards = rewards - a.kl_coef * kl_tok
+        envelope_row: dict[str, float] = {}
+        if a.reward_whiten:
+            rewards, frac = clip_whiten_rewards(rewards, turn_ends(mask), a.reward_clip, par)
+            envelope_row["envelope/reward_clipped"] = frac
+        if curiosity is not None:
+            bonus = curiosity.bonus(traj.tokens, traj.roles, mask, traj.attention_mask)
+            rewards = rewards + cfg.rollout.curiosity_coef * bonus
+            envelope_row["rollout/curiosity"] = float(
+                bonus.sum() / turn_ends(mask).sum().clamp(min=1)
+            )
+            envelope_row["loss/next_obs"] = curiosity.update(
+                traj.tokens, traj.roles, mask, traj.attention_mask
+            )
+        kl_coef = kl_ctl.value if kl_ctl is not None else a.kl_coef
+        if kl_coef > 0 and a.kl_in == "reward":
+            rewards = rewards - kl_coef * kl_tok
         # A source that reads the reference is skipped when the run has none (energy unused).
         has_energy = ref is not None or not cfg.energy.reads_reference
         energy = credit.energy(traj, sc) if has_energy and not credit.needs_advantages else None
@@ -613,6 +704,7 @@ def train_lm(
         critic_only = iteration < a.critic_warmup_iters  # the value head learns, the policy waits
         clip_eps = _scheduled(a.clip_eps, a.clip_eps_final, iteration, n_iters)
         ent_coef = _scheduled(a.ent_coef, a.ent_coef_final, iteration, n_iters)
+        sft_coef = _scheduled(a.sft_coef, a.sft_coef_final, iteration, n_iters)
         agent.train()
         snapshot = Snapshot(agent, opt)  # the last good state, for a rollback
         sums: dict[str, float] = {}
@@ -626,16 +718,25 @@ def train_lm(
                 cols = slice(0, length)
                 tokens = traj.tokens[idx, cols].to(device)
                 mb_mask = mask[idx, cols].to(device)
-                out = agent(
-                    tokens,
-                    traj.attention_mask[idx, cols].to(device),
-                    trains_value,
-                    value_grad_to_policy=not critic_only,
-                )
+                with _autocast(device, a.precision):
+                    out = agent(
+                        tokens,
+                        traj.attention_mask[idx, cols].to(device),
+                        trains_value,
+                        value_grad_to_policy=not critic_only,
+                    )
                 new_logprobs = token_logprobs(out.logits, tokens)
+                old_logprobs = sc.logprobs[idx, cols].to(device)
+                if a.ratio_cap is not None and not critic_only:
+                    with torch.no_grad():
+                        ratio_mean = masked_mean((new_logprobs - old_logprobs).exp(), mb_mask)
+                        ratio_mean = par.sum(ratio_mean * par.token_share(mb_mask))
+                    if not bool(ratio_mean <= a.ratio_cap):  # NaN counts as over the cap
+                        ratio_skips += 1
+                        continue
                 pg_loss, pg_m = ppo_policy_loss(
                     new_logprobs,
-                    sc.logprobs[idx, cols].to(device),
+                    old_logprobs,
                     adv_loss[idx, cols].to(device),
                     mb_mask,
                     clip_eps,
@@ -663,12 +764,12 @@ def train_lm(
                     ent_mean = masked_mean(ent, mb_mask)
                     loss = loss - ent_coef * ent_mean
                     metrics["entropy_bonus"] = ent_mean.detach()
-                if a.kl_coef > 0 and a.kl_in == "loss":
+                if kl_coef > 0 and a.kl_in == "loss":
                     kl = masked_mean(
                         kl_estimate(new_logprobs, sc.ref_logprobs[idx, cols].to(device), a.kl_kind),
                         mb_mask,
                     )
-                    loss = loss + a.kl_coef * kl
+                    loss = loss + kl_coef * kl
                     metrics["kl_loss"] = kl.detach()
                 if prior_coef > 0:
                     # pi_E ∝ exp(-E_vocab / tau) with E_vocab = -log pi_ref: a softened reference.
@@ -685,6 +786,11 @@ def train_lm(
                     )
                     loss = loss + prior_coef * prior
                     metrics["prior_kl"] = prior.detach()
+                if anchor is not None and sft_coef > 0 and not critic_only:
+                    with _autocast(device, a.precision):
+                        anchor_nll = anchor.loss(agent, device, gen)
+                    loss = loss + sft_coef * anchor_nll
+                    metrics["sft_anchor"] = anchor_nll.detach()
                 if critic_only:
                     loss = a.vf_coef * v_loss
                 share = par.token_share(mb_mask)
@@ -698,7 +804,15 @@ def train_lm(
                 for k, val in metrics.items():
                     sums[k] = sums.get(k, 0.0) + float(val)
                 n_updates += 1
-        means = defaultdict(lambda: float("nan"), {k: v / n_updates for k, v in sums.items()})
+        means = defaultdict(
+            lambda: float("nan"), {k: v / max(n_updates, 1) for k, v in sums.items()}
+        )
+        if target_head is not None:  # soft update toward the value head just trained
+            with torch.no_grad():
+                for tp, p in zip(
+                    target_head.parameters(), agent.value_head.parameters(), strict=True
+                ):
+                    tp.lerp_(p, a.value_target_tau)
         t_update = time.perf_counter() - t1
 
         # ---- metrics ------------------------------------------------------------------------
@@ -724,6 +838,9 @@ def train_lm(
             "train/clip_eps": clip_eps,
             "train/ent_coef": ent_coef,
             "train/curriculum_level": curriculum.level,
+            "train/kl_coef": kl_coef,
+            "envelope/ratio_skips": ratio_skips,
+            **envelope_row,
             "perf/rollout_s": t_rollout,
             "perf/update_s": t_update,
             "perf/gen_tokens_per_s": trained_tokens / max(t_rollout, 1e-9),
@@ -747,10 +864,15 @@ def train_lm(
             row["loss/entropy_bonus"] = means["entropy_bonus"]
         if "prior_kl" in means:
             row["loss/prior_kl"] = means["prior_kl"]
+        if anchor is not None:
+            row["loss/sft_anchor"] = means["sft_anchor"]
+            row["train/sft_coef"] = sft_coef
         if energy is not None:
             row.update(credit.metrics(energy, weights, traj, iteration))
         row = par.average_metrics(row, float(fresh.batch_size))
         curriculum.after_iteration(row["rollout/success"])
+        if kl_ctl is not None:
+            kl_ctl.update(row["kl/ref"], fresh.batch_size * par.world)
         last = iteration + 1 == n_iters
         if (iteration + 1) % cfg.eval.every == 0 or last:
             ev = evaluate(agent, cfg, par=par)
@@ -780,6 +902,14 @@ def train_lm(
                     "replay": list(replay),
                     "curriculum": curriculum.state_dict(),
                     "best_success": best_success,
+                    "envelope": {
+                        "ratio_skips": ratio_skips,
+                        "kl_ctl": kl_ctl.state_dict() if kl_ctl is not None else None,
+                        "target_head": target_head.state_dict()
+                        if target_head is not None
+                        else None,
+                        "curiosity": curiosity.state_dict() if curiosity is not None else None,
+                    },
                     "credit": credit.state_dict(),
                     "diag_generator": diag_gen.get_state(),
                     "elapsed_s": time.perf_counter() - t_start,
