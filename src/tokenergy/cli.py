@@ -20,6 +20,7 @@ from tokenergy.config import (
     ConfigError,
     LMRunConfig,
     RunConfig,
+    apply_overrides,
     config_to_dict,
     load_config,
     parse_override_args,
@@ -121,6 +122,9 @@ def train(
     result = run_training(cfg, out, overwrite=overwrite, console=console, resume=resume is not None)
     if os.environ.get("RANK", "0") != "0":  # a data-parallel worker: rank 0 reports
         return
+    if cfg.kind == "pipeline":
+        _print_summary(result.summary, str(out))
+        return
     if cfg.kind == "lm":
         first, last_ev = result.evals[0], result.evals[-1]
         console.print(
@@ -178,6 +182,73 @@ def ablate(
         )
     run_ablation(cfg, seeds, out, jobs=jobs, overwrite=overwrite, console=console, resume=resume)
     _report(out)
+
+
+@app.command(context_settings=_OVERRIDES)
+def pipeline(
+    ctx: typer.Context,
+    config: Path = typer.Argument(..., help="A pipeline preset, e.g. configs/slm-story.yaml."),
+    out: Path | None = typer.Option(None, "--out", help="Run (or grid) folder."),
+    sizes: list[str] = typer.Option(
+        None, "--size", help="Model sizes of a grid (repeat: --size tiny --size small)."
+    ),
+    domains: list[str] = typer.Option(
+        None, "--domain", help="Domains of a grid (repeat: --domain story --domain news)."
+    ),
+    seeds: int = typer.Option(1, "--seeds", min=1, help="Seeds per cell (seed, seed+1, ...)."),
+    jobs: int = typer.Option(1, "--jobs", min=1, help="Runs trained in parallel (a grid)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing folder."),
+    resume: bool = typer.Option(
+        False, "--resume", help="A grid: keep the finished runs of --out, train the others."
+    ),
+) -> None:
+    """SFT -> reward model -> PPO on synthetic text: one run, or a sizes x domains x seeds grid.
+
+    One run writes summary.json (reward-model accuracy, SFT and PPO scores, win rate,
+    perplexity, Distinct-n); a grid (several --size/--domain values or --seeds > 1) shares one
+    pre-training per size and seed and writes table.md and headroom.png.
+    """
+    from tokenergy.experiments import _finished, run_specs, run_training
+    from tokenergy.pipeline import grid_table, plan_grid
+    from tokenergy.runs import prepare_run_dir
+
+    cfg = _load(config, ctx.args)
+    if cfg.kind != "pipeline":
+        raise ValueError(f"{config}: kind is {cfg.kind!r}; tokenergy pipeline takes kind: pipeline")
+    sizes = sizes or [cfg.model.size]
+    domains = domains or [cfg.corpus.domain]
+    if len(sizes) == 1 and len(domains) == 1 and seeds == 1:
+        one = apply_overrides(cfg, {"model.size": sizes[0], "corpus.domain": domains[0]})
+        out = out or Path("runs") / one.name
+        result = run_training(one, out, overwrite=overwrite, console=console)
+        _print_summary(result.summary, str(out))
+        return
+    out = out or Path("runs") / f"{cfg.name}-grid"
+    pre, runs = plan_grid(cfg, sizes, domains, seeds, out)
+    if resume and out.is_dir():
+        pre, runs = [s for s in pre if not _finished(s)], [s for s in runs if not _finished(s)]
+    else:
+        prepare_run_dir(out, overwrite)
+    console.print(
+        f"pipeline grid: {len(sizes)} sizes x {len(domains)} domains x {seeds} seeds = "
+        f"{len(sizes) * len(domains) * seeds} runs ({len(pre)} pre-trainings first), "
+        f"{jobs} in parallel -> {out}"
+    )
+    for specs in (pre, runs):
+        if specs:
+            run_specs(specs, jobs, console)
+    md, _ = grid_table(out)
+    _print_table(md, f"{out}: held-out, mean ± std over seeds")
+    console.print(f"table: {out / 'table.md'}; capacity headroom: {out / 'headroom.png'}")
+
+
+def _print_summary(summary: dict, where: str) -> None:
+    table = Table(title=f"{where}: held-out")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for k, v in summary.items():
+        table.add_row(k, f"{v:.4g}")
+    console.print(table)
 
 
 @app.command()

@@ -32,7 +32,14 @@ from tokenergy.config import RunConfig, apply_overrides, config_to_dict, load_co
 from tokenergy.distributed import Parallel
 from tokenergy.runs import Run, RunDirError, latest_checkpoint, prepare_run_dir
 
-__all__ = ["RunSpec", "plan_ablation", "plan_lm_ablation", "run_ablation", "run_training"]
+__all__ = [
+    "RunSpec",
+    "plan_ablation",
+    "plan_lm_ablation",
+    "run_ablation",
+    "run_specs",
+    "run_training",
+]
 
 
 def _progress_bar(console: Console | None = None) -> Progress:
@@ -50,6 +57,12 @@ def _progress_bar(console: Console | None = None) -> Progress:
 
 def _status(row: dict[str, float]) -> str:
     parts = []
+    if "ppo/score" in row:
+        parts.append(f"RM score {row['ppo/score']:+.2f}  KL {row['ppo/kl_ref']:.3f}")
+    if "rm/accuracy" in row:
+        parts.append(f"RM accuracy {row['rm/accuracy']:.2f}")
+    if "win_rate" in row:
+        parts.append(f"Δ {row['delta']:+.2f}  win rate {row['win_rate']:.2f}")
     if "eval/success" in row:
         parts.append(f"eval success {row['eval/success']:.2f}")
     if "rollout/return" in row:
@@ -67,6 +80,10 @@ def _trainer(cfg: Any) -> tuple[Any, int]:
         from tokenergy.algos.lm import train_lm
 
         return train_lm, cfg.algo.iterations + 1
+    if getattr(cfg, "kind", "vector") == "pipeline":
+        from tokenergy.pipeline import run_pipeline, total_steps
+
+        return run_pipeline, total_steps(cfg)
     return train_ppo, cfg.num_iterations
 
 
@@ -249,6 +266,8 @@ def _finished(spec: RunSpec) -> bool:
     an error (resuming must not mix two plans in one table)."""
     if getattr(spec.cfg, "kind", "vector") == "lm":
         done = (spec.out / "agent").is_dir()
+    elif getattr(spec.cfg, "kind", "vector") == "pipeline":
+        done = (spec.out / "summary.json").is_file()
     else:
         ckpt = latest_checkpoint(spec.out) if (spec.out / "checkpoints").is_dir() else None
         done = (
@@ -263,6 +282,8 @@ def _finished(spec: RunSpec) -> bool:
     planned = config_to_dict(spec.cfg)
     # An SFT run is reused by RL runs whatever their RL and evaluation settings.
     keys = ["env", "model", "sft", "seed"] if spec.variant.endswith("/sft") else planned
+    if spec.variant.endswith("/pretrain"):  # shared by the domains: what it trains, only
+        keys = ["model", "pretrain", "seed"]
     for key in keys:
         # log, name and the ablation section itself do not change what a run trains
         if key not in ("log", "name", "ablation") and saved.get(key) != planned.get(key):
@@ -271,6 +292,11 @@ def _finished(spec: RunSpec) -> bool:
                 f"({saved.get(key)!r}, plan: {planned.get(key)!r}); use another --out"
             )
     return True
+
+
+def run_specs(specs: list[RunSpec], jobs: int, console: Console | None) -> None:
+    """Train ``specs`` (fresh folders), ``jobs`` at a time, one progress bar per run."""
+    _run_specs(specs, jobs, console)
 
 
 def _run_specs(specs: list[RunSpec], jobs: int, console: Console | None) -> None:

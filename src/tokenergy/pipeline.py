@@ -1,0 +1,798 @@
+"""SFT → reward model → PPO for a small causal LM on synthetic text, inside a safety envelope.
+
+The stages of one run (``tokenergy pipeline configs/slm-story.yaml``), after Haque, Islam and
+Karray, *Towards Robust RL for Small-Scale LM Agents* (SMC 2026):
+
+1. **Pre-training** of a randomly initialised causal LM (full weights) on the three synthetic
+   domains mixed (:mod:`tokenergy.corpora`); skipped when ``model.path`` names a pre-trained
+   folder.
+2. **SFT** with a LoRA adapter (``peft``) on the run's domain: ``prompt → continuation``, the
+   loss on the continuation only.
+3. **Merge-and-reinit**: the SFT adapter is merged into the weights; the merged model, frozen,
+   is the reference; a fresh adapter on a copy of it is the PPO policy. (Reloading the saved
+   SFT adapter the plain ``peft`` way instead, ``ppo.merge_reinit: false``, gives a frozen
+   adapter: only the value head would learn. The run refuses to train such a policy and
+   says so.)
+4. A **Bradley–Terry reward model**: the pre-trained backbone with a scalar head on the last
+   token, trained on preference pairs (:func:`tokenergy.corpora.preference_pairs`) with
+   ``-log σ(r_chosen - r_rejected)``.
+5. **PPO** on continuations of training prompts: reward-model score on the last token, a
+   per-token KL penalty to the reference (fixed or adaptive β), GAE with a value head, clipped
+   value loss; the envelope: reward clip-and-whiten, ratio cap, rollback on non-finite steps,
+   bf16 option.
+6. **Evaluation** on held-out prompts, SFT against PPO: reward-model score mean ± std, Δ, the
+   analytic win rate ``Φ(Δ / sqrt(σ²_SFT + σ²_PPO))``, perplexity of the held-out
+   continuations, Distinct-1/2 of the samples; the reward model's pairwise accuracy.
+
+Everything a run measures is in ``summary.json``; per-iteration metrics in ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from tokenergy.advantages import token_gae
+from tokenergy.config import PipelineRunConfig
+from tokenergy.corpora import Doc, Pair, corpus_words, distinct_n, make_corpus, preference_pairs
+from tokenergy.corpora import win_rate as analytic_win_rate
+from tokenergy.losses import kl_estimate, ppo_policy_loss, value_loss
+from tokenergy.ops import masked_mean, masked_var
+from tokenergy.rollout import generate_turns, token_logprobs
+from tokenergy.runs import Run
+from tokenergy.safety import (
+    AdaptiveKL,
+    Snapshot,
+    clip_whiten_rewards,
+    guarded_step,
+    params_are_finite,
+)
+
+__all__ = [
+    "GRID_COLUMNS",
+    "PipelineResult",
+    "RewardModel",
+    "bradley_terry_loss",
+    "grid_table",
+    "merge_and_reinit",
+    "plan_grid",
+    "run_pipeline",
+]
+
+ProgressFn = Callable[[int, int, int, dict[str, float]], None]
+
+# Progress steps besides the PPO iterations: pre-training, SFT, reward model, evaluation.
+EXTRA_STEPS = 4
+
+
+@dataclass
+class PipelineResult:
+    summary: dict[str, float]
+    history: list[dict[str, float]]
+    policy: nn.Module  # the PPO policy (a peft model)
+    reference: nn.Module  # the merged SFT model, frozen
+    reward_model: RewardModel | None  # None after stop_after: pretrain
+    run_dir: Path | None
+
+
+# --------------------------------------------------------------------------- batches of text
+
+
+def _encode(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def _pad(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad rows into ``(ids, attention_mask)``."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attn = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        ids[i, : len(r)] = torch.tensor(r)
+        attn[i, : len(r)] = True
+    return ids, attn
+
+
+def _lm_batch(tok, docs: list[Doc], prompt_loss: bool) -> tuple[torch.Tensor, ...]:
+    """``<bos> prompt continuation <eos>`` rows: ids, attention mask, loss mask (the
+    continuation and ``<eos>``; every real token but ``<bos>`` with ``prompt_loss``)."""
+    rows, masks = [], []
+    for d in docs:
+        p, c = _encode(tok, d.prompt), _encode(tok, d.continuation)
+        rows.append([tok.bos_token_id, *p, *c, tok.eos_token_id])
+        masks.append([0] + [int(prompt_loss)] * len(p) + [1] * (len(c) + 1))
+    ids, attn = _pad(rows, tok.pad_token_id)
+    loss_mask, _ = _pad(masks, 0)
+    return ids, attn, loss_mask.bool()
+
+
+def _nll(model: nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Tensor):
+    """Token-mean negative log-likelihood over ``mask`` (position t predicted from t-1)."""
+    logits = model(input_ids=ids, attention_mask=attn).logits
+    return -masked_mean(token_logprobs(logits, ids), mask)
+
+
+def _fit_lm(
+    model: nn.Module,
+    tok,
+    docs: list[Doc],
+    stage,
+    prompt_loss: bool,
+    gen: torch.Generator,
+    device: torch.device,
+    log: Callable[[dict[str, float]], None],
+    prefix: str,
+) -> None:
+    """``stage.steps`` AdamW steps of next-token cross-entropy on random minibatches."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=stage.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(stage.steps, 1))
+    model.train()
+    for step in range(stage.steps):
+        idx = torch.randint(len(docs), (stage.batch_size,), generator=gen).tolist()
+        ids, attn, mask = (
+            t.to(device) for t in _lm_batch(tok, [docs[i] for i in idx], prompt_loss)
+        )
+        loss = _nll(model, ids, attn, mask)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if step % 10 == 0 or step == stage.steps - 1:
+            log({f"{prefix}/loss": float(loss.detach()), f"{prefix}/step": step + 1})
+
+
+@torch.no_grad()
+def perplexity(model: nn.Module, tok, docs: list[Doc], device: torch.device, batch: int = 64):
+    """``exp`` of the token-mean NLL of the continuations (and ``<eos>``) given the prompts."""
+    model.eval()
+    total, count = 0.0, 0
+    for start in range(0, len(docs), batch):
+        ids, attn, mask = (t.to(device) for t in _lm_batch(tok, docs[start : start + batch], False))
+        logits = model(input_ids=ids, attention_mask=attn).logits
+        lp = token_logprobs(logits, ids)
+        total += float(-(lp * mask).sum())
+        count += int(mask.sum())
+    return math.exp(total / max(count, 1))
+
+
+# --------------------------------------------------------------------------- reward model
+
+
+class RewardModel(nn.Module):
+    """A causal-LM backbone with a scalar head on the hidden state of the last real token."""
+
+    def __init__(self, backbone: nn.Module) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(backbone.config.hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:  # -> (B,)
+        out = self.backbone(input_ids=ids, attention_mask=attn, output_hidden_states=True)
+        hidden = out.hidden_states[-1]
+        last = attn.long().sum(1) - 1
+        return self.head(hidden[torch.arange(ids.shape[0]), last]).squeeze(-1)
+
+    @torch.no_grad()
+    def score_texts(self, tok, texts: list[str], device: torch.device, batch: int = 64):
+        self.eval()
+        out = []
+        for start in range(0, len(texts), batch):
+            rows = [
+                [tok.bos_token_id, *_encode(tok, t), tok.eos_token_id]
+                for t in texts[start : start + batch]
+            ]
+            ids, attn = _pad(rows, tok.pad_token_id)
+            out.append(self(ids.to(device), attn.to(device)).float().cpu())
+        return torch.cat(out)
+
+
+def bradley_terry_loss(chosen: torch.Tensor, rejected: torch.Tensor) -> torch.Tensor:
+    """``mean(-log σ(r_chosen - r_rejected))``: the Bradley–Terry negative log-likelihood."""
+    return -nn.functional.logsigmoid(chosen - rejected).mean()
+
+
+def _pair_batch(tok, pairs: list[Pair]) -> tuple[torch.Tensor, torch.Tensor]:
+    rows = [
+        [tok.bos_token_id, *_encode(tok, t), tok.eos_token_id]
+        for p in pairs
+        for t in (p.chosen, p.rejected)
+    ]
+    return _pad(rows, tok.pad_token_id)  # chosen rows even, rejected rows odd
+
+
+def fit_reward_model(
+    rm: RewardModel,
+    tok,
+    pairs: list[Pair],
+    stage,
+    gen: torch.Generator,
+    device: torch.device,
+    log: Callable[[dict[str, float]], None],
+) -> None:
+    params = [p for p in rm.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=stage.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(stage.steps, 1))
+    rm.train()
+    for step in range(stage.steps):
+        idx = torch.randint(len(pairs), (stage.batch_size,), generator=gen).tolist()
+        ids, attn = _pair_batch(tok, [pairs[i] for i in idx])
+        r = rm(ids.to(device), attn.to(device))
+        loss = bradley_terry_loss(r[0::2], r[1::2])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        if step % 10 == 0 or step == stage.steps - 1:
+            acc = float((r[0::2] > r[1::2]).float().mean())
+            log({"rm/loss": float(loss.detach()), "rm/train_accuracy": acc, "rm/step": step + 1})
+
+
+@torch.no_grad()
+def pairwise_accuracy(rm: RewardModel, tok, pairs: list[Pair], device: torch.device) -> dict:
+    """Share of pairs the reward model orders right, overall and per corruption kind."""
+    chosen = rm.score_texts(tok, [p.chosen for p in pairs], device)
+    rejected = rm.score_texts(tok, [p.rejected for p in pairs], device)
+    right = (chosen > rejected).float()
+    out = {"rm/accuracy": float(right.mean())}
+    for kind in sorted({p.kind for p in pairs}):
+        sel = torch.tensor([p.kind == kind for p in pairs])
+        out[f"rm/accuracy_{kind}"] = float(right[sel].mean())
+    return out
+
+
+# --------------------------------------------------------------------------- LoRA stages
+
+
+def _lora(model: nn.Module, cfg: PipelineRunConfig) -> nn.Module:
+    from peft import LoraConfig, get_peft_model
+
+    lora = LoraConfig(
+        r=cfg.model.lora_r,
+        lora_alpha=cfg.model.lora_alpha,
+        target_modules=list(cfg.model.lora_targets),
+        lora_dropout=0.0,  # PPO ratios need train == eval forward passes
+    )
+    return get_peft_model(model, lora)
+
+
+def merge_and_reinit(sft_model: nn.Module, cfg: PipelineRunConfig) -> tuple[nn.Module, nn.Module]:
+    """Merge the SFT adapter into the weights; return ``(policy, reference)``: a fresh LoRA
+    adapter on a copy of the merged model, and the merged model itself, frozen."""
+    merged = copy.deepcopy(sft_model).merge_and_unload()
+    reference = merged.eval().requires_grad_(False)
+    policy = _lora(copy.deepcopy(merged).requires_grad_(True), cfg)
+    return policy, reference
+
+
+def reload_sft_adapter(sft_model: nn.Module, folder: Path) -> tuple[nn.Module, nn.Module]:
+    """The plain ``peft`` way to go on from SFT: save the adapter, load it back onto the base.
+
+    ``PeftModel.from_pretrained`` loads adapters for inference (``is_trainable=False``): the
+    returned policy has no trainable weight. Kept to show why the pipeline merges instead.
+    """
+    from peft import PeftModel
+
+    sft_model.save_pretrained(str(folder))
+    base = copy.deepcopy(sft_model).unload()  # the base weights, adapter layers removed
+    policy = PeftModel.from_pretrained(base, str(folder))
+    reference = copy.deepcopy(sft_model).merge_and_unload().eval().requires_grad_(False)
+    return policy, reference
+
+
+# --------------------------------------------------------------------------- PPO
+
+
+class _PolicyWithValue(nn.Module):
+    def __init__(self, policy: nn.Module) -> None:
+        super().__init__()
+        from tokenergy.models.lm import ValueHead
+
+        self.policy = policy
+        self.value_head = ValueHead(policy.config.hidden_size)
+
+    def forward(self, ids: torch.Tensor, attn: torch.Tensor):
+        out = self.policy(input_ids=ids, attention_mask=attn, output_hidden_states=True)
+        v = self.value_head(out.hidden_states[-1])
+        # position t: V of the state before token t (shifted like the log-probs)
+        return out.logits, torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], 1)
+
+
+def _autocast(device: torch.device, precision: str):
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def _continue(
+    model: nn.Module,
+    tok,
+    prompts: list[str],
+    max_new: int,
+    temperature: float,
+    gen: torch.Generator,
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Sample continuations: ``(contexts, new tokens)``; a continuation ends at ``<eos>``."""
+    contexts = [[tok.bos_token_id, *_encode(tok, p)] for p in prompts]
+    model.eval()
+    with torch.no_grad():
+        new = generate_turns(
+            model, contexts, {tok.eos_token_id}, tok.pad_token_id, max_new, temperature, 1.0, gen
+        )
+    return contexts, new
+
+
+def _text(tok, ids: list[int]) -> str:
+    return tok.decode([i for i in ids if i != tok.eos_token_id], skip_special_tokens=True)
+
+
+def _ppo(
+    agent: _PolicyWithValue,
+    reference: nn.Module,
+    rm: RewardModel,
+    tok,
+    docs: list[Doc],
+    cfg: PipelineRunConfig,
+    gen: torch.Generator,
+    rng: np.random.Generator,
+    device: torch.device,
+    log: Callable[[int, dict[str, float]], None],
+    tick: Callable[[dict[str, float]], None],
+) -> list[dict[str, float]]:
+    p, env = cfg.ppo, cfg.envelope
+    policy_params = [q for q in agent.policy.parameters() if q.requires_grad]
+    if not policy_params:
+        raise ValueError(
+            "PPO: the policy has no trainable weight (a reloaded peft adapter is frozen); only "
+            "the value head would learn. Keep ppo.merge_reinit: true"
+        )
+    head_params = list(agent.value_head.parameters())
+    params = policy_params + head_params
+    opt = torch.optim.AdamW(
+        [{"params": policy_params, "lr": p.lr}, {"params": head_params, "lr": p.value_lr}],
+        weight_decay=0.0,
+    )
+    kl_ctl = AdaptiveKL(p.kl_coef, p.kl_target, p.kl_horizon) if p.kl_target else None
+    history: list[dict[str, float]] = []
+    ratio_skips = rollbacks = 0
+    for it in range(p.iterations):
+        t0 = time.perf_counter()
+        picks = rng.integers(len(docs), size=p.prompts)
+        prompts = [docs[int(i)].prompt for i in picks]
+        contexts, new = _continue(agent.policy, tok, prompts, p.max_new_tokens, p.temperature, gen)
+        rows = [c + n for c, n in zip(contexts, new, strict=True)]
+        ids, attn = _pad(rows, tok.pad_token_id)
+        mask = torch.zeros_like(attn)
+        for i, (c, n) in enumerate(zip(contexts, new, strict=True)):
+            mask[i, len(c) : len(c) + len(n)] = True
+        last = attn.long().sum(1) - 1
+        ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
+        t_rollout = time.perf_counter() - t0
+
+        # ---- score: log-probs, values, reference, reward model (no gradient) -------------
+        with torch.no_grad(), _autocast(device, env.precision):
+            agent.eval()
+            logits, values = agent(ids, attn)
+            old_logprobs = token_logprobs(logits, ids).float()
+            values = values.float() * mask
+            ref_logprobs = token_logprobs(
+                reference(input_ids=ids, attention_mask=attn).logits, ids
+            ).float()
+            # the reward model reads prompt + continuation + <eos>, as in its training pairs
+            rm_ids, rm_attn = _pad(
+                [r if r[-1] == tok.eos_token_id else [*r, tok.eos_token_id] for r in rows],
+                tok.pad_token_id,
+            )
+            scores = rm(rm_ids.to(device), rm_attn.to(device)).float()
+        kl_tok = kl_estimate(old_logprobs, ref_logprobs, "k1") * mask
+        at_end = torch.zeros_like(mask)
+        at_end[torch.arange(len(rows)), last.to(device)] = True
+        at_end &= mask  # an empty continuation earns nothing
+        env_rewards = scores[:, None] * at_end
+        row: dict[str, float] = {}
+        if env.reward_whiten:
+            env_rewards, frac = clip_whiten_rewards(env_rewards, at_end, env.reward_clip)
+            row["envelope/reward_clipped"] = frac
+        beta = kl_ctl.value if kl_ctl is not None else p.kl_coef
+        rewards = env_rewards - beta * kl_tok
+        terminated = torch.ones(len(rows), dtype=torch.bool, device=device)
+        adv, returns = token_gae(
+            rewards, values, mask, terminated, values.new_zeros(len(rows)), p.gamma, p.lam
+        )
+        adv_w = (adv - masked_mean(adv, mask)) * torch.rsqrt(masked_var(adv, mask) + 1e-8) * mask
+
+        # ---- update --------------------------------------------------------------------------
+        t1 = time.perf_counter()
+        snapshot = Snapshot(agent, opt)
+        sums: dict[str, float] = {}
+        n_updates = 0
+        mb = len(rows) // p.minibatches
+        agent.train()
+        for _epoch in range(p.epochs):
+            perm = torch.randperm(len(rows), generator=gen)
+            for start in range(0, len(rows), mb):
+                idx = perm[start : start + mb].to(device)
+                m = mask[idx]
+                with _autocast(device, env.precision):
+                    new_logits, new_values = agent(ids[idx], attn[idx])
+                new_logprobs = token_logprobs(new_logits, ids[idx])
+                if env.ratio_cap is not None:
+                    with torch.no_grad():
+                        ratio_mean = masked_mean((new_logprobs - old_logprobs[idx]).exp(), m)
+                    if not bool(ratio_mean <= env.ratio_cap):
+                        ratio_skips += 1
+                        continue
+                pg_loss, pg_m = ppo_policy_loss(
+                    new_logprobs, old_logprobs[idx], adv_w[idx], m, p.clip_eps
+                )
+                v_loss, v_m = value_loss(
+                    new_values.float(), values[idx], returns[idx], m, p.value_clip
+                )
+                loss = pg_loss + p.vf_coef * v_loss
+                if env.rollback:
+                    grad_norm = guarded_step(loss, agent, opt, params, p.max_grad_norm, snapshot)
+                    if grad_norm is None:
+                        rollbacks += 1
+                        continue
+                else:
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    grad_norm = torch.nn.utils.clip_grad_norm_(params, p.max_grad_norm)
+                    opt.step()
+                for k, val in {**pg_m, **v_m, "grad_norm": grad_norm}.items():
+                    sums[k] = sums.get(k, 0.0) + float(val)
+                n_updates += 1
+        means = {k: v / max(n_updates, 1) for k, v in sums.items()}
+        kl_mean = float(masked_mean(kl_estimate(old_logprobs, ref_logprobs, "k3"), mask))
+        if kl_ctl is not None:
+            kl_ctl.update(kl_mean, len(rows))
+        lengths = torch.tensor([len(n) for n in new], dtype=torch.float)
+        row.update(
+            {
+                "ppo/iteration": it + 1,
+                "ppo/score": float(scores.mean()),
+                "ppo/score_std": float(scores.std()),
+                "ppo/length": float(lengths.mean()),
+                "ppo/kl_ref": kl_mean,
+                "ppo/kl_coef": beta,
+                "ppo/entropy": float(-masked_mean(old_logprobs, mask)),
+                "ppo/clipfrac": means.get("clipfrac", float("nan")),
+                "ppo/approx_kl": means.get("approx_kl", float("nan")),
+                "ppo/value_loss": means.get("value_loss", float("nan")),
+                "ppo/grad_norm": means.get("grad_norm", float("nan")),
+                "ppo/updates": n_updates,
+                "ppo/weights_finite": float(params_are_finite(agent)),
+                "envelope/ratio_skips": ratio_skips,
+                "envelope/rollbacks": rollbacks,
+                "perf/rollout_s": t_rollout,
+                "perf/update_s": time.perf_counter() - t1,
+            }
+        )
+        history.append(row)
+        log(it + 1, row)
+        tick(row)
+        if not row["ppo/weights_finite"]:  # only without the rollback: training has collapsed
+            break
+    return history
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _build_lm(cfg: PipelineRunConfig, tok) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    from tokenergy.models.lm import _config, _quiet_transformers
+
+    if cfg.model.path:
+        _quiet_transformers()
+        return AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+    config = _config("llama", cfg.model.size, len(tok), tok, max_positions=256)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        return AutoModelForCausalLM.from_config(config)
+
+
+def pipeline_tokenizer():
+    """The word-level tokenizer over the corpora's words (and the envs', which it shares)."""
+    from tokenergy.models.lm import build_tokenizer
+
+    return build_tokenizer(corpus_words())
+
+
+def _evaluate(
+    policy: nn.Module,
+    reference: nn.Module,
+    rm: RewardModel,
+    tok,
+    held: list[Doc],
+    cfg: PipelineRunConfig,
+    device: torch.device,
+) -> tuple[dict[str, float], list[dict[str, str]]]:
+    e = cfg.eval
+    docs = held[: e.prompts]
+    prompts = [d.prompt for d in docs]
+    out: dict[str, float] = {}
+    samples: list[dict[str, str]] = [{"prompt": pr} for pr in prompts[:8]]
+    for name, model in (("sft", reference), ("ppo", policy)):
+        gen = torch.Generator().manual_seed(cfg.seed + 99)  # the same draws for both models
+        _, new = _continue(model, tok, prompts, cfg.ppo.max_new_tokens, e.temperature, gen)
+        texts = [_text(tok, n) for n in new]
+        scores = rm.score_texts(
+            tok, [f"{pr} {t}" for pr, t in zip(prompts, texts, strict=True)], device
+        )
+        out[f"{name}/score_mean"] = float(scores.mean())
+        out[f"{name}/score_std"] = float(scores.std())
+        out[f"{name}/perplexity"] = perplexity(model, tok, docs, device)
+        out[f"{name}/distinct1"] = distinct_n(texts, 1)
+        out[f"{name}/distinct2"] = distinct_n(texts, 2)
+        out[f"{name}/length"] = float(np.mean([len(n) for n in new]))
+        for s, t in zip(samples, texts, strict=False):
+            s[name] = t
+    delta = out["ppo/score_mean"] - out["sft/score_mean"]
+    out["delta"] = delta
+    out["win_rate"] = analytic_win_rate(delta, out["sft/score_std"], out["ppo/score_std"])
+    return out, samples
+
+
+def run_pipeline(
+    cfg: PipelineRunConfig,
+    run: Run | None = None,
+    progress: ProgressFn | None = None,
+) -> PipelineResult:
+    """Every stage of one run (module docstring); ``summary.json`` in ``run`` at the end."""
+    from tokenergy.algos.ppo import resolve_device
+    from tokenergy.models.lm import _quiet_transformers
+
+    _quiet_transformers()
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    rng = np.random.default_rng(cfg.seed)
+    total = cfg.ppo.iterations + EXTRA_STEPS
+    done = {"n": 0}
+    t_start = time.perf_counter()
+
+    def log(step: int, row: dict[str, float]) -> None:
+        if run is not None:
+            run.log(step, row)
+
+    def tick(row: dict[str, float]) -> None:
+        done["n"] += 1
+        if progress is not None:
+            progress(done["n"], total, done["n"], row)
+
+    tok = pipeline_tokenizer()
+    c = cfg.corpus
+    train = make_corpus(c.domain, c.train_docs, cfg.seed)
+    held = make_corpus(c.domain, c.heldout_docs, cfg.seed + 1_000_003)
+    summary: dict[str, float] = {}
+
+    # 1. pre-training ----------------------------------------------------------------------
+    base = _build_lm(cfg, tok).to(device)
+    if cfg.model.path is None and cfg.pretrain.steps > 0:
+        mixed = [
+            d
+            for dom in ("story", "news", "facts")
+            for d in make_corpus(dom, c.pretrain_docs, cfg.seed + 7)
+        ]
+        _fit_lm(base, tok, mixed, cfg.pretrain, True, gen, device, lambda r: log(0, r), "pretrain")
+        if run is not None:
+            base.save_pretrained(str(run.path / "pretrained"))
+            tok.save_pretrained(str(run.path / "pretrained"))
+    summary["pretrain/perplexity"] = perplexity(base, tok, held, device)
+    if cfg.stop_after == "pretrain":
+        if run is not None:
+            (run.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        tick(summary)
+        return PipelineResult(summary, [], base, base, None, run.path if run else None)
+    tick({})
+
+    # 2. SFT with LoRA ------------------------------------------------------------------------
+    sft_model = _lora(copy.deepcopy(base), cfg).to(device)
+    _fit_lm(sft_model, tok, train, cfg.sft, False, gen, device, lambda r: log(0, r), "sft")
+    tick({})
+
+    # 3. merge-and-reinit ---------------------------------------------------------------------
+    if cfg.ppo.merge_reinit:
+        policy, reference = merge_and_reinit(sft_model, cfg)
+    else:
+        folder = (run.path if run is not None else Path.cwd()) / "sft_adapter"
+        policy, reference = reload_sft_adapter(sft_model, folder)
+    policy, reference = policy.to(device), reference.to(device)
+
+    # 4. reward model -------------------------------------------------------------------------
+    rm = RewardModel(copy.deepcopy(base)).to(device)
+    pairs = preference_pairs(train, seed=cfg.seed + 11)
+    fit_reward_model(rm, tok, pairs, cfg.rm, gen, device, lambda r: log(0, r))
+    held_pairs = preference_pairs(held, seed=cfg.seed + 13)[: cfg.eval.pairs]
+    summary.update(pairwise_accuracy(rm, tok, held_pairs, device))
+    rm.requires_grad_(False).eval()
+    tick(summary)
+
+    # 5. PPO ----------------------------------------------------------------------------------
+    agent = _PolicyWithValue(policy).to(device)
+    history = _ppo(agent, reference, rm, tok, train, cfg, gen, rng, device, log, tick)
+
+    # 6. evaluation ---------------------------------------------------------------------------
+    collapsed = not params_are_finite(agent)
+    if collapsed:  # non-finite weights cannot sample: the SFT side alone, PPO's left NaN
+        ev, samples = _evaluate(reference, reference, rm, tok, held, cfg, device)
+        for k in list(ev):
+            if k.startswith("ppo/") or k in ("delta", "win_rate"):
+                ev[k] = float("nan")
+    else:
+        ev, samples = _evaluate(agent.policy, reference, rm, tok, held, cfg, device)
+    summary.update(ev)
+    summary["ppo/collapsed"] = float(collapsed)
+    summary["ppo/iterations_done"] = len(history)
+    if history:
+        summary["envelope/ratio_skips"] = history[-1]["envelope/ratio_skips"]
+        summary["envelope/rollbacks"] = history[-1]["envelope/rollbacks"]
+        summary["ppo/weights_finite"] = history[-1]["ppo/weights_finite"]
+    summary["perf/elapsed_s"] = time.perf_counter() - t_start
+    log(cfg.ppo.iterations + 1, summary)
+    if run is not None:
+        (run.path / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        with open(run.path / "samples.jsonl", "w") as f:
+            for s in samples:
+                f.write(json.dumps(s) + "\n")
+    tick(summary)
+    return PipelineResult(summary, history, agent.policy, reference, rm, run.path if run else None)
+
+
+def summary_of(run_dir: str | Path) -> dict[str, Any]:
+    """A finished run's ``summary.json``."""
+    return json.loads((Path(run_dir) / "summary.json").read_text())
+
+
+def total_steps(cfg: PipelineRunConfig) -> int:
+    """Progress steps of a run: one with ``stop_after: pretrain``."""
+    return 1 if cfg.stop_after == "pretrain" else cfg.ppo.iterations + EXTRA_STEPS
+
+
+# --------------------------------------------------------------------------- grids
+
+
+def plan_grid(base: PipelineRunConfig, sizes: list[str], domains: list[str], seeds: int, out):
+    """The runs of a sizes × domains × seeds table, in two phases: one pre-training per size
+    and seed (``<out>/pretrain/<size>/seed_<k>``), then every domain's SFT → RM → PPO from it
+    (``<out>/<size>/<domain>/seed_<k>``). Configs are resolved and validated here."""
+    from tokenergy.config import apply_overrides
+    from tokenergy.experiments import RunSpec
+
+    if seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {seeds}")
+    out = Path(out)
+    pre, runs = [], []
+    for size in sizes:
+        for k in range(seeds):
+            seed = base.seed + k
+            common = {"model.size": size, "seed": seed, "log.progress": False}
+            shared = base.model.path is None and base.pretrain.steps > 0
+            pre_out = out / "pretrain" / size / f"seed_{k}"
+            if shared:
+                cfg = apply_overrides(
+                    base, {**common, "stop_after": "pretrain", "name": f"pretrain-{size}-s{k}"}
+                )
+                pre.append(RunSpec(f"{size}/pretrain", seed, cfg, pre_out))
+            for domain in domains:
+                over = {**common, "corpus.domain": domain, "name": f"{size}-{domain}-s{k}"}
+                if shared:
+                    over["model.path"] = str(pre_out / "pretrained")
+                cfg = apply_overrides(base, over)
+                runs.append(
+                    RunSpec(f"{size}/{domain}", seed, cfg, out / size / domain / f"seed_{k}")
+                )
+    return pre, runs
+
+
+# (summary key, column title, digits)
+GRID_COLUMNS = [
+    ("sft/perplexity", "SFT ppl", 2),
+    ("rm/accuracy", "RM acc", 3),
+    ("sft/score_mean", "SFT score", 2),
+    ("ppo/score_mean", "PPO score", 2),
+    ("delta", "Δ", 2),
+    ("win_rate", "win rate", 3),
+    ("ppo/perplexity", "PPO ppl", 2),
+    ("sft/distinct2", "SFT D-2", 3),
+    ("ppo/distinct2", "PPO D-2", 3),
+    ("ppo/collapsed", "collapsed", 2),
+]
+
+
+def _mean_std(values: list[float], digits: int) -> str:
+    """Mean ± std over the finite values; ``(n NaN)`` says how many were not (collapsed)."""
+    v = np.asarray(values, dtype=float)
+    ok = v[np.isfinite(v)]
+    text = f"{ok.mean():.{digits}f} ± {ok.std():.{digits}f}" if ok.size else "–"
+    return text + (f" ({v.size - ok.size} NaN)" if ok.size < v.size else "")
+
+
+def grid_table(out: str | Path) -> tuple[str, list[dict[str, Any]]]:
+    """The markdown table of a grid folder (mean ± std over seeds, one row per size and
+    domain) and its rows, and ``headroom.png``: Δ against the SFT model's perplexity."""
+    out = Path(out)
+    cells: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for f in sorted(out.glob("*/*/seed_*/summary.json")):
+        size, domain = f.parts[-4], f.parts[-3]
+        if size == "pretrain":
+            continue
+        cells.setdefault((size, domain), []).append(json.loads(f.read_text()))
+    if not cells:
+        raise ValueError(f"{out}: no finished runs (no <size>/<domain>/seed_*/summary.json)")
+    from tokenergy.models.lm import MODEL_SIZES
+
+    order = {s: i for i, s in enumerate(MODEL_SIZES)}
+    keys = sorted(cells, key=lambda c: (order.get(c[0], 99), c[1]))
+    head = "| size | domain | seeds | " + " | ".join(t for _, t, _ in GRID_COLUMNS) + " |"
+    lines = [head, "|" + "---|" * (3 + len(GRID_COLUMNS))]
+    rows = []
+    for size, domain in keys:
+        runs = cells[(size, domain)]
+        vals = [_mean_std([r.get(k, float("nan")) for r in runs], d) for k, _, d in GRID_COLUMNS]
+        lines.append(f"| {size} | {domain} | {len(runs)} | " + " | ".join(vals) + " |")
+        rows.append(
+            {
+                "size": size,
+                "domain": domain,
+                **{k: [r[k] for r in runs] for k, _, _ in GRID_COLUMNS},
+            }
+        )
+    _headroom_plot(rows, out / "headroom.png")
+    md = "\n".join(lines) + "\n"
+    (out / "table.md").write_text(md)
+    return md, rows
+
+
+def _headroom_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    markers = {"story": "o", "news": "s", "facts": "^"}
+    sizes = sorted({r["size"] for r in rows}, key=[r["size"] for r in rows].index)
+    colors = {s: f"C{i}" for i, s in enumerate(sizes)}
+    for r in rows:
+        for ax, key in zip(axes, ("delta", "win_rate"), strict=True):
+            ax.scatter(
+                r["sft/perplexity"],
+                r[key],
+                marker=markers.get(r["domain"], "x"),
+                color=colors[r["size"]],
+                label=f"{r['size']} {r['domain']}",
+                alpha=0.8,
+            )
+    axes[0].set_ylabel("Δ reward-model score (PPO − SFT)")
+    axes[1].set_ylabel("analytic win rate of PPO over SFT")
+    axes[1].axhline(0.5, color="grey", lw=0.8, ls="--")
+    axes[0].axhline(0.0, color="grey", lw=0.8, ls="--")
+    for ax in axes:
+        ax.set_xlabel("SFT perplexity on held-out continuations (lower = more fluent)")
+    handles, labels = axes[0].get_legend_handles_labels()
+    seen = dict(zip(labels, handles, strict=True))
+    fig.legend(seen.values(), seen.keys(), loc="center right", fontsize=7)
+    fig.suptitle(
+        "capacity headroom: the PPO gain against the SFT model's fluency (one point per seed)"
+    )
+    fig.tight_layout(rect=(0, 0, 0.85, 0.95))
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
