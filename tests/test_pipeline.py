@@ -267,3 +267,23 @@ def test_grid_table_reads_the_summaries(tmp_path):
     assert lines[3].startswith("| small | news | 1 |")
     assert (tmp_path / "table.md").read_text() == md
     assert (tmp_path / "headroom.png").stat().st_size > 1000
+
+
+def test_every_pipeline_metric_is_documented(tmp_path):
+    from pathlib import Path
+
+    from tokenergy.runs import Run
+
+    doc = Path(__file__).parent.parent.joinpath("docs", "metrics.md").read_text()
+    doc = doc[doc.index("## The SLM pipeline") :]
+    cfg = cfg_of(**{"ppo.iterations": 1, "pretrain.steps": 11, "sft.steps": 11, "rm.steps": 11})
+    with Run(tmp_path / "run", cfg) as run:
+        pl.run_pipeline(cfg, run)
+    keys = set()
+    for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
+        keys |= set(json.loads(line))
+    keys |= set(json.loads((tmp_path / "run" / "summary.json").read_text()))
+    for key in keys:
+        assert f"`{key}`" in doc, f"{key} is logged but not documented in docs/metrics.md"
+    assert (tmp_path / "run" / "pretrained" / "config.json").is_file()
+    assert len((tmp_path / "run" / "samples.jsonl").read_text().splitlines()) == 8
