@@ -125,6 +125,13 @@ def train(
     if cfg.kind == "pipeline":
         _print_summary(result.summary, str(out))
         return
+    if cfg.kind == "dfs":
+        last = result.history[-1]
+        console.print(
+            f"done: {len(result.history)} iterations, success {last['rollout/success']:.2f} at "
+            f"depth {last['train/depth']}  ->  {out}\nnext: tokenergy search-eval {out}"
+        )
+        return
     if cfg.kind == "lm":
         first, last_ev = result.evals[0], result.evals[-1]
         console.print(
@@ -181,6 +188,13 @@ def ablate(
             f"ablation: {n_var} variants x {seeds} seeds = {n_var * seeds} runs, {jobs} in parallel -> {out}"
         )
     run_ablation(cfg, seeds, out, jobs=jobs, overwrite=overwrite, console=console, resume=resume)
+    if cfg.kind == "dfs":
+        from tokenergy.dfs import ablation_table
+
+        md = ablation_table(out)
+        _print_table(md, f"{out}: search-eval of every run (mean ± std over seeds)")
+        console.print(f"table: {out / 'search_ablation.md'}, plot: {out / 'search_ablation.png'}")
+        return
     _report(out)
 
 
@@ -440,6 +454,49 @@ def search(
         )  # fmt: skip
     console.print(table)
     (run_dir / f"search-{algo}.json").write_text(json.dumps(rows, indent=2))
+
+
+@app.command("search-eval")
+def search_eval(
+    run_dir: Path = typer.Argument(..., help="A search transformer's run folder (kind: dfs)."),
+    depths: list[int] = typer.Option(
+        None,
+        "--depths",
+        help="Tree depths (repeat or list: --depths 3 --depths 4); default eval.depths.",
+    ),
+    episodes: int | None = typer.Option(None, "--episodes", min=1, help="Episodes per depth."),
+    greedy: bool = typer.Option(
+        False, "--greedy", help="Take the argmax move instead of sampling."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the evaluation goals and samples."),
+) -> None:
+    """Success within the leaf budget, leaves visited against randomized DFS, revisit rate and
+    ranked-order share at each depth; attention.png shows what each head reads."""
+    from tokenergy.dfs import (
+        attention_picture,
+        evaluate_search,
+        load_search_model,
+        write_search_eval,
+    )
+
+    cfg = load_config(run_dir / "config.yaml")
+    if cfg.kind != "dfs":
+        raise ValueError(f"{str(run_dir)!r} is a {cfg.kind!r} run; search-eval is for kind: dfs")
+    model = load_search_model(run_dir)
+    depths = depths or list(cfg.eval.depths)
+    t = cfg.tree
+    rows = evaluate_search(
+        model, t.k, depths, episodes or cfg.eval.episodes, seed=seed, greedy=greedy,
+        goal=t.goal, zipf_s=t.zipf_s, gamma=t.gamma,
+    )  # fmt: skip
+    md = write_search_eval(
+        run_dir, rows, {"greedy": greedy, "seed": seed, "k": t.k, "goal": t.goal}
+    )
+    _print_table(
+        md, f"{run_dir}: k={t.k}, {t.goal} goals, trained on depths {list(cfg.train.depths)}"
+    )
+    attention_picture(model, t.k, min(max(depths), 4), run_dir / "attention.png", seed=seed)
+    console.print(f"written: {run_dir / 'search_eval.md'}, {run_dir / 'attention.png'}")
 
 
 @app.command(context_settings=_OVERRIDES)

@@ -80,6 +80,10 @@ def _trainer(cfg: Any) -> tuple[Any, int]:
         from tokenergy.algos.lm import train_lm
 
         return train_lm, cfg.algo.iterations + 1
+    if getattr(cfg, "kind", "vector") == "dfs":
+        from tokenergy.dfs import train_dfs
+
+        return train_dfs, sum(cfg.train.iterations)
     if getattr(cfg, "kind", "vector") == "pipeline":
         from tokenergy.pipeline import run_pipeline, total_steps
 
@@ -266,6 +270,8 @@ def _finished(spec: RunSpec) -> bool:
     an error (resuming must not mix two plans in one table)."""
     if getattr(spec.cfg, "kind", "vector") == "lm":
         done = (spec.out / "agent").is_dir()
+    elif getattr(spec.cfg, "kind", "vector") == "dfs":
+        done = (spec.out / "model.pt").is_file()
     elif getattr(spec.cfg, "kind", "vector") == "pipeline":
         done = (spec.out / "summary.json").is_file()
     else:

@@ -1,0 +1,158 @@
+"""Learning to search: the batched tree task, the one-layer search transformer, the
+hand-set depth-first construction, REINFORCE with a depth curriculum, and search-eval."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tokenergy.config import ConfigError, config_from_dict
+from tokenergy.dfs import (
+    SearchTransformer,
+    TreeBatch,
+    dfs_weights,
+    evaluate_search,
+    log_probs,
+    play,
+    random_dfs_leaves,
+    train_dfs,
+)
+from tokenergy.envs import make
+
+
+def test_tree_batch_follows_the_text_env_move_for_move():
+    goal = (1, 0, 1)
+    moves = [0, 0, 0, 0, 1, 1, 1, 0, 1]  # leaves (0,0,0), (0,1,1), (1,0,1) = the goal
+    env = make("tree_search", k=2, depth=3, gamma=0.9)
+    env.reset(seed=0, options={"goal": goal})
+    batch = TreeBatch(2, 3, 1, gamma=0.9, goals=torch.tensor([goal]))
+    for m in moves:
+        _, r, term, _, _ = env.step(f"<answer>{m + 1}</answer>")
+        batch.step(torch.tensor([m]))
+    assert term and bool(batch.done[0]) and bool(batch.found[0])
+    assert batch.reward[0].item() == pytest.approx(r) == pytest.approx(0.9**8)
+    assert batch.leaves[0] == env.visited == [(0, 0, 0), (0, 1, 1), (1, 0, 1)]
+    # BOS, then each attempt's moves and a FAIL after the two wrong leaves
+    L = int(batch.length[0])
+    assert batch.tokens[0, :L].tolist() == [3, 0, 0, 0, 2, 0, 1, 1, 2, 1, 0, 1]
+    assert batch.depths[0, :L].tolist() == [0, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3]
+    assert batch.attempts[0, :L].tolist() == [0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2]
+
+
+def test_budget_ends_an_episode_without_the_goal():
+    batch = TreeBatch(2, 1, 1, budget=2, goals=torch.tensor([[1]]))
+    batch.step(torch.tensor([0]))
+    batch.step(torch.tensor([0]))
+    assert bool(batch.done[0]) and not bool(batch.found[0]) and batch.reward[0] == 0
+
+
+@pytest.mark.parametrize(("k", "depths"), [(2, [1, 2, 3, 4, 5, 6]), (3, [1, 2, 3, 4])])
+def test_hand_set_two_heads_search_depth_first_at_every_depth(k, depths):
+    model = SearchTransformer(k, heads=2)
+    dfs_weights(model)
+    for row in evaluate_search(model, k, depths, episodes=48, greedy=True):
+        assert row["success"] == 1.0 and row["revisit_rate"] == 0.0, row
+        assert row["ranked_share"] == 1.0  # children tried in index order at every node
+    # the order of leaves is exactly the odometer 00..0, 00..1, ...
+    env = play(model, k, 3, 1, torch.Generator(), greedy=True, goals=torch.full((1, 3), k - 1))
+    want = [tuple(int(x) for x in np.base_repr(i, k).zfill(3)) for i in range(k**3)]
+    assert env.leaves[0] == want
+
+
+def test_mean_leaves_of_a_perfect_search_match_randomized_dfs():
+    model = SearchTransformer(2, heads=2)
+    dfs_weights(model)
+    (row,) = evaluate_search(model, 2, [4], episodes=2000, greedy=True)
+    assert random_dfs_leaves(2, 4) == 8.5
+    assert abs(row["leaves"] - 8.5) < 3 * row["leaves_se"]
+
+
+def test_log_probs_of_a_batch_match_the_step_by_step_decisions():
+    model = SearchTransformer(3, heads=2, init_scale=0.5, seed=1)
+    gen = torch.Generator().manual_seed(0)
+    env = play(model, 3, 2, 6, gen)
+    lp, ent, valid = log_probs(model, env)
+    # replay the first episode one decision at a time
+    b = 0
+    moves = [t for t in env.tokens[b, : int(env.length[b])].tolist() if t < 3]
+    assert int(valid[b].sum()) == len(moves)
+    replay = TreeBatch(3, 2, 1, goals=env.goals[b : b + 1])
+    for i, m in enumerate(moves):
+        L = int(replay.length[0])
+        logits = model(replay.tokens[:, :L], replay.depths[:, :L], replay.attempts[:, :L],
+                       torch.tensor([[L - 1]]), replay.decision_depth()[:, None],
+                       replay.attempt[:, None])[0, 0]  # fmt: skip
+        assert lp[b, i].item() == pytest.approx(torch.log_softmax(logits, -1)[m].item(), abs=1e-5)
+        replay.step(torch.tensor([m]))
+    assert (ent[valid] > 0).all()
+
+
+def test_unseen_depth_rows_of_the_embedding_stay_zero_after_training():
+    cfg = config_from_dict({"kind": "dfs", "train": {"iterations": [5, 5], "batch": 16}})
+    model = train_dfs(cfg).model
+    assert model.e[:, 3 : model.max_depth + 1].abs().sum() == 0  # depths 3+ never trained
+    assert model.e[:, 1:3].abs().sum() > 0
+
+
+def test_reinforce_learns_depth_one():
+    cfg = config_from_dict(
+        {"kind": "dfs", "tree": {"k": 3}, "train": {"depths": [1], "iterations": [150]}}
+    )
+    untrained = SearchTransformer(3, 2, init_scale=cfg.model.init_scale, seed=cfg.seed)
+    (before,) = evaluate_search(untrained, 3, [1], episodes=256)
+    (row,) = evaluate_search(train_dfs(cfg).model, 3, [1], episodes=256)
+    assert before["revisit_rate"] > 0.2  # a random policy picks a tried child often
+    assert row["revisit_rate"] < 0.05 and row["success"] > 0.95
+    assert row["leaves"] < before["leaves"]
+
+
+def test_dfs_config_errors():
+    with pytest.raises(ConfigError, match=r"train\.iterations"):
+        config_from_dict({"kind": "dfs", "train": {"depths": [1, 2], "iterations": [10]}})
+    with pytest.raises(ConfigError, match=r"tree\.k"):
+        config_from_dict({"kind": "dfs", "tree": {"k": 12}})
+    with pytest.raises(ConfigError, match=r"model\.window"):
+        config_from_dict({"kind": "dfs", "model": {"window": 0}})
+
+
+def test_search_eval_cli_writes_the_table_and_the_attention_picture(tmp_path):
+    from typer.testing import CliRunner
+
+    from tokenergy.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "run"
+    preset = tmp_path / "dfs.yaml"
+    preset.write_text("kind: dfs\ntrain: {iterations: [3, 3], batch: 8}\nlog: {progress: false}\n")
+    res = runner.invoke(app, ["train", str(preset), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["search-eval", str(out), "--depths", "3", "--episodes", "8"])
+    assert res.exit_code == 0, res.output
+    md = (out / "search_eval.md").read_text()
+    assert md.splitlines()[2].startswith("| 3 |")
+    assert (out / "attention.png").stat().st_size > 1000
+    assert math.isfinite(float(md.splitlines()[2].split("|")[2]))
+
+
+def test_head_ablation_scores_every_run_with_search_eval(tmp_path):
+    from typer.testing import CliRunner
+
+    from tokenergy.cli import app
+
+    preset = tmp_path / "dfs.yaml"
+    preset.write_text(
+        "kind: dfs\ntrain: {iterations: [2, 2], batch: 8}\neval: {depths: [3], episodes: 8}\n"
+        "log: {progress: false}\n"
+    )
+    out = tmp_path / "abl"
+    res = CliRunner().invoke(app, ["ablate", str(preset), "--seeds", "2", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    lines = (out / "search_ablation.md").read_text().splitlines()
+    assert [ln.split("|")[1].strip() for ln in lines[2:]] == [
+        "1-head", "2-heads", "4-heads", "randomized DFS"
+    ]  # fmt: skip
+    assert all(ln.split("|")[2].strip() == "2" for ln in lines[2:5])  # two seeds each
+    assert lines[-1].endswith("1.00 / 4.5 |")  # depth 3: (2^3 + 1) / 2 leaves
+    assert (out / "search_ablation.png").stat().st_size > 1000
+    assert (out / "2-heads" / "seed_1" / "search_eval.md").is_file()
