@@ -133,6 +133,12 @@ def test_search_eval_cli_writes_the_table_and_the_attention_picture(tmp_path):
     assert md.splitlines()[2].startswith("| 3 |")
     assert (out / "attention.png").stat().st_size > 1000
     assert math.isfinite(float(md.splitlines()[2].split("|")[2]))
+    # the hand-set construction on the same task: sampled moves, still depth-first
+    res = runner.invoke(app, ["search-eval", str(out), "--hand-set", "--depths", "4",
+                              "--episodes", "32"])  # fmt: skip
+    assert res.exit_code == 0, res.output
+    row = (out / "search_eval_hand_set.md").read_text().splitlines()[2].split("|")
+    assert row[2].strip() == "1.000" and row[5].strip() == "0.000"  # success, revisit rate
 
 
 def test_head_ablation_scores_every_run_with_search_eval(tmp_path):

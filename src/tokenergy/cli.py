@@ -462,18 +462,26 @@ def search_eval(
     depths: list[int] = typer.Option(
         None,
         "--depths",
-        help="Tree depths (repeat or list: --depths 3 --depths 4); default eval.depths.",
+        help="Tree depths (repeat: --depths 3 --depths 4); default the run's eval.depths.",
     ),
     episodes: int | None = typer.Option(None, "--episodes", min=1, help="Episodes per depth."),
     greedy: bool = typer.Option(
         False, "--greedy", help="Take the argmax move instead of sampling."
     ),
     seed: int = typer.Option(0, "--seed", help="Seed of the evaluation goals and samples."),
+    hand_set: bool = typer.Option(
+        False,
+        "--hand-set",
+        help="Score the hand-set two-head depth-first construction on the run's task instead "
+        "of the trained model (files get a _hand_set suffix).",
+    ),
 ) -> None:
     """Success within the leaf budget, leaves visited against randomized DFS, revisit rate and
     ranked-order share at each depth; attention.png shows what each head reads."""
     from tokenergy.dfs import (
+        SearchTransformer,
         attention_picture,
+        dfs_weights,
         evaluate_search,
         load_search_model,
         write_search_eval,
@@ -482,21 +490,25 @@ def search_eval(
     cfg = load_config(run_dir / "config.yaml")
     if cfg.kind != "dfs":
         raise ValueError(f"{str(run_dir)!r} is a {cfg.kind!r} run; search-eval is for kind: dfs")
-    model = load_search_model(run_dir)
+    if hand_set:
+        model = SearchTransformer(cfg.tree.k, heads=2)
+        dfs_weights(model, lam=40.0)  # margins of 10+ logits: sampled moves stay depth-first
+    else:
+        model = load_search_model(run_dir)
     depths = depths or list(cfg.eval.depths)
     t = cfg.tree
     rows = evaluate_search(
         model, t.k, depths, episodes or cfg.eval.episodes, seed=seed, greedy=greedy,
         goal=t.goal, zipf_s=t.zipf_s, gamma=t.gamma,
     )  # fmt: skip
-    md = write_search_eval(
-        run_dir, rows, {"greedy": greedy, "seed": seed, "k": t.k, "goal": t.goal}
-    )
-    _print_table(
-        md, f"{run_dir}: k={t.k}, {t.goal} goals, trained on depths {list(cfg.train.depths)}"
-    )
-    attention_picture(model, t.k, min(max(depths), 4), run_dir / "attention.png", seed=seed)
-    console.print(f"written: {run_dir / 'search_eval.md'}, {run_dir / 'attention.png'}")
+    tag = "_hand_set" if hand_set else ""
+    extra = {"greedy": greedy, "seed": seed, "k": t.k, "goal": t.goal, "hand_set": hand_set}
+    md = write_search_eval(run_dir, rows, extra, tag)
+    what = "hand-set construction" if hand_set else f"trained on depths {list(cfg.train.depths)}"
+    _print_table(md, f"{run_dir}: k={t.k}, {t.goal} goals, {what}")
+    picture = run_dir / f"attention{tag}.png"
+    attention_picture(model, t.k, min(max(depths), 4), picture, seed=seed)
+    console.print(f"written: {run_dir / f'search_eval{tag}.md'}, {picture}")
 
 
 @app.command(context_settings=_OVERRIDES)

@@ -517,8 +517,10 @@ def attention_picture(
     plt.close(fig)
 
 
-def write_search_eval(run_dir: Path, rows: list[dict[str, float]], extra: dict[str, Any]) -> str:
-    """``search_eval.json`` and a markdown table in ``run_dir``; returns the table."""
+def write_search_eval(
+    run_dir: Path, rows: list[dict[str, float]], extra: dict[str, Any], tag: str = ""
+) -> str:
+    """``search_eval<tag>.json`` and ``.md`` (a table) in ``run_dir``; returns the table."""
     head = "| depth | success | leaves visited | randomized DFS | revisit rate | ranked share |"
     lines = [head, "|---|---|---|---|---|---|"]
     for r in rows:
@@ -527,8 +529,10 @@ def write_search_eval(run_dir: Path, rows: list[dict[str, float]], extra: dict[s
             f"{r['random_dfs_leaves']:.1f} | {r['revisit_rate']:.3f} | {r['ranked_share']:.3f} |"
         )
     md = "\n".join(lines) + "\n"
-    (run_dir / "search_eval.json").write_text(json.dumps({**extra, "rows": rows}, indent=2) + "\n")
-    (run_dir / "search_eval.md").write_text(md)
+    (run_dir / f"search_eval{tag}.json").write_text(
+        json.dumps({**extra, "rows": rows}, indent=2) + "\n"
+    )
+    (run_dir / f"search_eval{tag}.md").write_text(md)
     return md
 
 
