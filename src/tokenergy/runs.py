@@ -143,11 +143,11 @@ class Run:
                 f"cannot write checkpoint {str(final)!r}: {err.strerror or err}"
             ) from None
         if final.exists():
-            shutil.rmtree(final)
+            _remove_atomically(final)
         os.replace(tmp, final)
         complete = sorted(p for p in ckpt_root.glob("iter_*") if p.is_dir())
         for old in complete[: -self.cfg.log.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_atomically(old)
         return final
 
     def close(self) -> None:
@@ -208,6 +208,14 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             continue
     return rows
+
+
+def _remove_atomically(folder: Path) -> None:
+    """Rename ``folder`` out of the ``iter_*`` namespace, then delete it: a kill during the
+    deletion leaves a ``.del-*`` folder, never an ``iter_*`` one with files missing."""
+    doomed = folder.with_name(f".del-{folder.name}-{os.getpid()}")
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def latest_checkpoint(run_dir: str | Path) -> Path:
