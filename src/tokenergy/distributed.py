@@ -62,6 +62,14 @@ class Parallel:
     def enabled(self) -> bool:
         return self.world > 1
 
+    def close(self) -> None:
+        """Leave the process group together: a barrier, then its teardown. Without it a rank
+        that finished first exits while its peers' collectives are still alive, and the
+        backend's threads can abort that process at interpreter exit."""
+        if self.enabled and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
+
     @property
     def is_main(self) -> bool:
         return self.rank == 0

@@ -117,6 +117,12 @@ def run_training(
         kwargs["resume"] = ckpt
         if console is not None and par.is_main:
             console.print(f"resuming {out} from {ckpt.name} (iteration {resume_iteration})")
+    result = _train_here(cfg, out, train, total, par, overwrite, console, resume_iteration, kwargs)
+    par.close()  # every rank waits here until rank 0 has written the run (not after an error:
+    return result  # a rank that failed must not wait in a barrier its peers never reach)
+
+
+def _train_here(cfg, out, train, total, par, overwrite, console, resume_iteration, kwargs):
     if not par.is_main:  # rank 0 writes the run folder
         return train(cfg, None, **kwargs)
     with Run(out, cfg, overwrite=overwrite, resume_iteration=resume_iteration) as run:
