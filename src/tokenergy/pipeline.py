@@ -786,7 +786,7 @@ def _headroom_plot(rows: list[dict[str, Any]], path: Path) -> None:
     axes[1].axhline(0.5, color="grey", lw=0.8, ls="--")
     axes[0].axhline(0.0, color="grey", lw=0.8, ls="--")
     for ax in axes:
-        ax.set_xlabel("SFT perplexity on held-out continuations (lower = more fluent)")
+        ax.set_xlabel("SFT perplexity, held out (lower = more fluent)")
     handles, labels = axes[0].get_legend_handles_labels()
     seen = dict(zip(labels, handles, strict=True))
     fig.legend(seen.values(), seen.keys(), loc="center right", fontsize=7)
