@@ -123,6 +123,23 @@ def _nll(model: nn.Module, ids: torch.Tensor, attn: torch.Tensor, mask: torch.Te
     return -masked_mean(token_logprobs(logits, ids), mask)
 
 
+def _stage_optimizer(module: nn.Module, stage) -> Callable[[torch.Tensor], None]:
+    """AdamW over the trainable weights, the learning rate decaying linearly to 0 over
+    ``stage.steps``; returns the step: backward, clip at norm 1, update."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=stage.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(stage.steps, 1))
+
+    def step(loss: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+
+    return step
+
+
 def _fit_lm(
     model: nn.Module,
     tok,
@@ -135,9 +152,7 @@ def _fit_lm(
     prefix: str,
 ) -> None:
     """``stage.steps`` AdamW steps of next-token cross-entropy on random minibatches."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=stage.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(stage.steps, 1))
+    step_fn = _stage_optimizer(model, stage)
     model.train()
     for step in range(stage.steps):
         idx = torch.randint(len(docs), (stage.batch_size,), generator=gen).tolist()
@@ -145,11 +160,7 @@ def _fit_lm(
             t.to(device) for t in _lm_batch(tok, [docs[i] for i in idx], prompt_loss)
         )
         loss = _nll(model, ids, attn, mask)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
+        step_fn(loss)
         if step % 10 == 0 or step == stage.steps - 1:
             log({f"{prefix}/loss": float(loss.detach()), f"{prefix}/step": step + 1})
 
@@ -224,20 +235,14 @@ def fit_reward_model(
     device: torch.device,
     log: Callable[[dict[str, float]], None],
 ) -> None:
-    params = [p for p in rm.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=stage.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(stage.steps, 1))
+    step_fn = _stage_optimizer(rm, stage)
     rm.train()
     for step in range(stage.steps):
         idx = torch.randint(len(pairs), (stage.batch_size,), generator=gen).tolist()
         ids, attn = _pair_batch(tok, [pairs[i] for i in idx])
         r = rm(ids.to(device), attn.to(device))
         loss = bradley_terry_loss(r[0::2], r[1::2])
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
+        step_fn(loss)
         if step % 10 == 0 or step == stage.steps - 1:
             acc = float((r[0::2] > r[1::2]).float().mean())
             log({"rm/loss": float(loss.detach()), "rm/train_accuracy": acc, "rm/step": step + 1})
