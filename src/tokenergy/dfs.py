@@ -22,7 +22,8 @@ where ``relation`` places the key relative to the decision (``BOS``, ``FAIL``, *
 ``k`` children are ``Σ_h Σ_key softmax(s_h)_key · V_h[relation(key), token(key)] + c``: a
 key's vote is read from the one-hot of its token paired with its relation. The depth embedding
 ``e_h`` starts at zero, so depths never seen in training add nothing: what carries to deeper
-trees are the relations, the recency and the token values.
+trees are the relations, the recency and the token values (``model.depth_embedding: false``
+keeps it at zero; ``model.window: n`` lets attention read only the last ``n`` attempts).
 
 **Why two heads suffice** (a construction, tested in ``tests/test_dfs.py``): with children
 ordered ``0 … k-1``, head 1 attends to the previous attempt's move at the same depth ``p_j``
@@ -37,7 +38,9 @@ attempt was a last child (the "carry"), head 2 sees ``p_j`` alone and pushes the
 the children's order, at any depth: :func:`dfs_weights` sets those weights by hand.
 
 **Training** (:func:`train_dfs`): REINFORCE with the batch-mean baseline (per depth), an
-entropy bonus, Adam; a depth curriculum (depth 1, then 2, ...).
+entropy bonus, Adam; a depth curriculum (depth 1, then 2, ...). What it learns from depths 1
+and 2 is not this construction (docs/results/search.md): the trained heads count earlier
+tries at the decision's depth, which does not carry to deeper trees.
 """
 
 from __future__ import annotations
