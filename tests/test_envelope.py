@@ -14,7 +14,13 @@ from tokenergy.config import ConfigError
 from tokenergy.energy_models import NextObservationModel
 from tokenergy.models import build_agent
 from tokenergy.runs import Run, load_trainer_state
-from tokenergy.safety import AdaptiveKL, clip_whiten_rewards, params_are_finite, turn_ends
+from tokenergy.safety import (
+    AdaptiveKL,
+    autocast,
+    clip_whiten_rewards,
+    params_are_finite,
+    turn_ends,
+)
 from tokenergy.types import Role
 
 
@@ -154,7 +160,7 @@ def test_bf16_trains_finite_and_scores_close_to_fp32():
     attn = torch.ones_like(ids, dtype=torch.bool)
     with torch.no_grad():
         full = lm.token_logprobs(agent(ids, attn).logits, ids)
-        with lm._autocast(torch.device("cpu"), "bf16"):
+        with autocast(torch.device("cpu"), "bf16"):
             half = lm.token_logprobs(agent(ids, attn).logits, ids)
     diff = (full - half).abs().max().item()
     assert 0 < diff < 0.1

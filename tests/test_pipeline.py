@@ -131,10 +131,10 @@ def test_merge_and_reinit_keeps_the_sft_model_and_trains_a_fresh_adapter(tmp_pat
     with torch.no_grad():
         assert torch.allclose(naive(input_ids=ids, attention_mask=attn).logits, want, atol=1e-5)
     for label, pol, moves in (("naive", naive, False), ("merged", policy, True)):
-        agent = pl._PolicyWithValue(pol)
+        agent = pl.AgentModel(pol, tok)
         head0 = copy.deepcopy(agent.value_head.state_dict())
         opt = torch.optim.AdamW([p for p in agent.parameters() if p.requires_grad], lr=1e-2)
-        logits, values = agent(ids, attn)
+        logits, values = pl._forward(agent, ids, attn)
         loss = -torch.log_softmax(logits, -1)[..., 7].mean() + ((values - 1.0) ** 2).mean()
         loss.backward()
         opt.step()

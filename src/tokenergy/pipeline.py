@@ -29,7 +29,6 @@ Everything a run measures is in ``summary.json``; per-iteration metrics in ``met
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import math
@@ -48,12 +47,14 @@ from tokenergy.config import PipelineRunConfig
 from tokenergy.corpora import Doc, Pair, corpus_words, distinct_n, make_corpus, preference_pairs
 from tokenergy.corpora import win_rate as analytic_win_rate
 from tokenergy.losses import kl_estimate, ppo_policy_loss, value_loss
-from tokenergy.ops import masked_mean, masked_var
+from tokenergy.models.lm import AgentModel
+from tokenergy.ops import masked_mean, whiten
 from tokenergy.rollout import generate_turns, token_logprobs
 from tokenergy.runs import Run
 from tokenergy.safety import (
     AdaptiveKL,
     Snapshot,
+    autocast,
     clip_whiten_rewards,
     guarded_step,
     params_are_finite,
@@ -303,25 +304,12 @@ def reload_sft_adapter(sft_model: nn.Module, folder: Path) -> tuple[nn.Module, n
 # --------------------------------------------------------------------------- PPO
 
 
-class _PolicyWithValue(nn.Module):
-    def __init__(self, policy: nn.Module) -> None:
-        super().__init__()
-        from tokenergy.models.lm import ValueHead
-
-        self.policy = policy
-        self.value_head = ValueHead(policy.config.hidden_size)
-
-    def forward(self, ids: torch.Tensor, attn: torch.Tensor):
-        out = self.policy(input_ids=ids, attention_mask=attn, output_hidden_states=True)
-        v = self.value_head(out.hidden_states[-1])
-        # position t: V of the state before token t (shifted like the log-probs)
-        return out.logits, torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], 1)
-
-
-def _autocast(device: torch.device, precision: str):
-    if precision != "bf16":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+def _forward(agent, ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits, and at each position ``t`` the value of the state before token ``t`` (shifted
+    like the log-probs)."""
+    out = agent(ids, attn)
+    v = out.values
+    return out.logits, torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], 1)
 
 
 def _continue(
@@ -347,7 +335,7 @@ def _text(tok, ids: list[int]) -> str:
 
 
 def _ppo(
-    agent: _PolicyWithValue,
+    agent: AgentModel,
     reference: nn.Module,
     rm: RewardModel,
     tok,
@@ -390,9 +378,9 @@ def _ppo(
         t_rollout = time.perf_counter() - t0
 
         # ---- score: log-probs, values, reference, reward model (no gradient) -------------
-        with torch.no_grad(), _autocast(device, env.precision):
+        with torch.no_grad(), autocast(device, env.precision):
             agent.eval()
-            logits, values = agent(ids, attn)
+            logits, values = _forward(agent, ids, attn)
             old_logprobs = token_logprobs(logits, ids).float()
             values = values.float() * mask
             ref_logprobs = token_logprobs(
@@ -419,7 +407,7 @@ def _ppo(
         adv, returns = token_gae(
             rewards, values, mask, terminated, values.new_zeros(len(rows)), p.gamma, p.lam
         )
-        adv_w = (adv - masked_mean(adv, mask)) * torch.rsqrt(masked_var(adv, mask) + 1e-8) * mask
+        adv_w = whiten(adv, mask)
 
         # ---- update --------------------------------------------------------------------------
         t1 = time.perf_counter()
@@ -433,8 +421,8 @@ def _ppo(
             for start in range(0, len(rows), mb):
                 idx = perm[start : start + mb].to(device)
                 m = mask[idx]
-                with _autocast(device, env.precision):
-                    new_logits, new_values = agent(ids[idx], attn[idx])
+                with autocast(device, env.precision):
+                    new_logits, new_values = _forward(agent, ids[idx], attn[idx])
                 new_logprobs = token_logprobs(new_logits, ids[idx])
                 if env.ratio_cap is not None:
                     with torch.no_grad():
@@ -631,7 +619,7 @@ def run_pipeline(
     tick(summary)
 
     # 5. PPO ----------------------------------------------------------------------------------
-    agent = _PolicyWithValue(policy).to(device)
+    agent = AgentModel(policy, tok).to(device)
     history = _ppo(agent, reference, rm, tok, train, cfg, gen, rng, device, log, tick)
 
     # 6. evaluation ---------------------------------------------------------------------------

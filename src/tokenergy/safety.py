@@ -15,6 +15,7 @@ coefficient toward a target KL (Ziegler et al., 2019, arXiv:1909.08593).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 
@@ -25,6 +26,7 @@ from tokenergy.distributed import Parallel
 __all__ = [
     "AdaptiveKL",
     "Snapshot",
+    "autocast",
     "clip_whiten_rewards",
     "guarded_step",
     "params_are_finite",
@@ -167,3 +169,10 @@ class AdaptiveKL:
 
     def load_state_dict(self, state: dict) -> None:
         self.value = float(state.get("value", self.value))
+
+
+def autocast(device: torch.device, precision: str):
+    """The envelope's precision option for a forward pass: bf16 autocast, or nothing (fp32)."""
+    if precision != "bf16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)

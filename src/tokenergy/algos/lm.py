@@ -59,7 +59,14 @@ from tokenergy.rollout import (
     token_logprobs,
 )
 from tokenergy.runs import Run
-from tokenergy.safety import AdaptiveKL, Snapshot, clip_whiten_rewards, guarded_step, turn_ends
+from tokenergy.safety import (
+    AdaptiveKL,
+    Snapshot,
+    autocast,
+    clip_whiten_rewards,
+    guarded_step,
+    turn_ends,
+)
 from tokenergy.types import Role
 
 __all__ = [
@@ -445,13 +452,6 @@ def _diagnose(agent, cfg: LMRunConfig, generator: torch.Generator) -> dict[str, 
     )
 
 
-def _autocast(device: torch.device, precision: str):
-    """bf16 autocast of a forward pass (``algo.precision``); fp32 does nothing."""
-    if precision != "bf16":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-
-
 @contextlib.contextmanager
 def _value_head_swapped(agent: torch.nn.Module, head: torch.nn.Module | None):
     """Score with ``head`` (the target value head) in place of the agent's own."""
@@ -661,21 +661,20 @@ def train_lm(
 
         # ---- score, rewards, advantages (no gradient) ------------------------------------
         t1 = time.perf_counter()
-        with _autocast(device, a.precision), _value_head_swapped(agent, target_head):
+        with autocast(device, a.precision), _value_head_swapped(agent, target_head):
             sc = score(agent, ref, traj, extras=frozenset({cfg.energy.source}))
         mask = traj.mask
         kl_tok = kl_estimate(sc.logprobs, sc.ref_logprobs, a.kl_kind) * mask  # (B, T)
         rewards = traj.rewards.clone()
         envelope_row: dict[str, float] = {}
+        ends = turn_ends(mask)  # where each turn's reward sits
         if a.reward_whiten:
-            rewards, frac = clip_whiten_rewards(rewards, turn_ends(mask), a.reward_clip, par)
+            rewards, frac = clip_whiten_rewards(rewards, ends, a.reward_clip, par)
             envelope_row["envelope/reward_clipped"] = frac
         if curiosity is not None:
             bonus = curiosity.bonus(traj.tokens, traj.roles, mask, traj.attention_mask)
             rewards = rewards + cfg.rollout.curiosity_coef * bonus
-            envelope_row["rollout/curiosity"] = float(
-                bonus.sum() / turn_ends(mask).sum().clamp(min=1)
-            )
+            envelope_row["rollout/curiosity"] = float(bonus.sum() / ends.sum().clamp(min=1))
             envelope_row["loss/next_obs"] = curiosity.update(
                 traj.tokens, traj.roles, mask, traj.attention_mask
             )
@@ -718,7 +717,7 @@ def train_lm(
                 cols = slice(0, length)
                 tokens = traj.tokens[idx, cols].to(device)
                 mb_mask = mask[idx, cols].to(device)
-                with _autocast(device, a.precision):
+                with autocast(device, a.precision):
                     out = agent(
                         tokens,
                         traj.attention_mask[idx, cols].to(device),
@@ -787,7 +786,7 @@ def train_lm(
                     loss = loss + prior_coef * prior
                     metrics["prior_kl"] = prior.detach()
                 if anchor is not None and sft_coef > 0 and not critic_only:
-                    with _autocast(device, a.precision):
+                    with autocast(device, a.precision):
                         anchor_nll = anchor.loss(agent, device, gen)
                     loss = loss + sft_coef * anchor_nll
                     metrics["sft_anchor"] = anchor_nll.detach()
