@@ -147,6 +147,34 @@ def test_solver_rollout_layout(tok):
     assert (roles == int(Role.REASONING)).sum() > 5 * (roles == int(Role.ACTION)).sum()
 
 
+def test_solver_agreement_counts_turns_that_play_the_solvers_move(tok):
+    from tokenergy.algos.lm import _episode_stats
+
+    env = make("frozenlake", desc=["SFF", "FHF", "FFG"])
+    env.reset(seed=0)
+    best = env.solver_action()  # Down or Right: both are shortest; the solver picks one
+    other = "Right" if best == "Down" else "Down"
+    assert env.follows_solver(f"<think> x </think> <answer> {best.lower()} </answer>")
+    assert not env.follows_solver(f"<answer> {other} </answer>")
+    assert not env.follows_solver("<answer> Jump </answer>") and not env.follows_solver("")
+
+    agent = build_agent("tiny", tokenizer=tok)
+    envs = [make("frozenlake", desc=["SFF", "FHF", "FFG"]) for _ in range(2)]
+    eps = rollout(agent.policy, tok, envs, [0, 1], max_turns=6, count_solver_moves=True,
+                  turn_fn=lambda e: e.solver_turn())  # fmt: skip
+    assert [e.solver_moves for e in eps] == [e.turns for e in eps] == [4, 4]
+    # the second episode plays one wrong move first (Up bumps the wall), then the solver's
+    moves = iter(["<answer> Up </answer>"])
+    eps[1:] = rollout(agent.policy, tok, envs[1:], [1], max_turns=6, count_solver_moves=True,
+                      turn_fn=lambda e: next(moves, None) or e.solver_turn())  # fmt: skip
+    assert (eps[1].turns, eps[1].solver_moves) == (5, 4)
+    stats = _episode_stats(collate(eps, tok.pad_token_id), "eval")
+    assert stats["eval/solver_agreement"] == pytest.approx(8 / 9)
+    # not counted: no metric
+    eps = rollout(agent.policy, tok, envs, [0, 1], max_turns=2, turn_fn=lambda e: e.solver_turn())
+    assert "eval/solver_agreement" not in _episode_stats(collate(eps, tok.pad_token_id), "eval")
+
+
 def test_batched_cached_generation_equals_one_by_one(tok):
     agent = build_agent("tiny", tokenizer=tok, seed=5)
     contexts = [[1, 20, 21, 22, 23, 24, 25], [1, 30, 31], [1, 40, 41, 42, 43]]

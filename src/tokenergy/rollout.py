@@ -59,6 +59,7 @@ class Episode:
     invalid_turns: int = 0
     seed: int = 0
     group: int = 0
+    solver_moves: int = -1  # turns whose first move was the scripted solver's; -1: not counted
 
     def extend(self, ids: Sequence[int], roles: Sequence[int]) -> None:
         self.tokens.extend(ids)
@@ -294,6 +295,7 @@ def rollout(
     generator: torch.Generator | None = None,
     turn_fn: Callable[[TextEnv], str] | None = None,
     instructions: bool = False,
+    count_solver_moves: bool = False,
 ) -> list[Episode]:
     """Play one episode in each env (reset with ``seeds``), all turns batched over envs.
 
@@ -311,6 +313,8 @@ def rollout(
             scripted solver, for SFT data); the text goes through the tokenizer.
         instructions: start the first observation with the env's one-line instructions (for
             pretrained models, which otherwise do not know the game).
+        count_solver_moves: count in ``Episode.solver_moves`` the turns whose first move is
+            the scripted solver's (a diagnostic; costs one solver call per turn).
 
     Returns:
         One :class:`Episode` per env.
@@ -318,7 +322,12 @@ def rollout(
     tag = tag_ids_of(tokenizer)
     stop_ids = {tag["</answer>"], tag["eos"]}
     episodes = [
-        Episode(seed=s, group=(groups[i] if groups is not None else i)) for i, s in enumerate(seeds)
+        Episode(
+            seed=s,
+            group=(groups[i] if groups is not None else i),
+            solver_moves=0 if count_solver_moves else -1,
+        )
+        for i, s in enumerate(seeds)
     ]
     for env, ep, seed in zip(envs, episodes, seeds, strict=True):
         obs, _ = env.reset(seed=seed)
@@ -349,6 +358,8 @@ def rollout(
             text = tokenizer.decode(ids, skip_special_tokens=False)
             ep.extend(ids, assign_roles(ids, tag))
             ep.turn_texts.append(text)
+            if count_solver_moves:
+                ep.solver_moves += env.follows_solver(text)
             obs, reward, terminated, truncated, info = env.step(text)
             ep.rewards[-1] += reward
             ep.episode_return += reward

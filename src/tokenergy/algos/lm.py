@@ -163,6 +163,7 @@ def run_episodes(
     generator: torch.Generator | None = None,
     groups: list[int] | None = None,
     turn_fn: Callable[[TextEnv], str] | None = None,
+    count_solver_moves: bool = False,
 ) -> Trajectories:
     """Episodes of ``cfg``'s env on ``seeds`` with its rollout settings (the agent writing, or
     ``turn_fn``), collated. ``temperature`` defaults to ``cfg.rollout.temperature``."""
@@ -180,6 +181,7 @@ def run_episodes(
         top_p=cfg.rollout.top_p,
         generator=generator,
         turn_fn=turn_fn,
+        count_solver_moves=count_solver_moves,
     )
     return collate(eps, agent.tokenizer.pad_token_id)
 
@@ -188,6 +190,12 @@ def _episode_stats(traj: Trajectories, prefix: str) -> dict[str, float]:
     turns = traj.turns.float()
     agent_tokens = traj.mask.sum(1).float()
     action = (traj.roles == int(Role.ACTION)) & traj.mask
+    counted = [e.solver_moves for e in traj.episodes]
+    extra = (
+        {f"{prefix}/solver_agreement": sum(counted) / max(float(turns.sum()), 1.0)}
+        if counted and min(counted) >= 0
+        else {}
+    )
     return {
         f"{prefix}/return": float(traj.episode_return.mean()),
         f"{prefix}/success": float(traj.success.float().mean()),
@@ -197,6 +205,7 @@ def _episode_stats(traj: Trajectories, prefix: str) -> dict[str, float]:
         f"{prefix}/agent_tokens": float(agent_tokens.mean()),
         f"{prefix}/agent_tokens_std": float(agent_tokens.std(unbiased=False)),
         f"{prefix}/action_token_share": float(action.sum() / traj.mask.sum().clamp(min=1)),
+        **extra,
     }
 
 
@@ -225,7 +234,9 @@ def evaluate(
     eps = []
     for start in range(0, len(mine), 64):  # chunks bound the memory of one batched generation
         seeds = mine[start : start + 64]
-        eps += run_episodes(agent, cfg, seeds, temperature=temp, generator=gen).episodes
+        eps += run_episodes(
+            agent, cfg, seeds, temperature=temp, generator=gen, count_solver_moves=True
+        ).episodes
     agent.train(was_training)
     stats = _episode_stats(collate(eps, agent.tokenizer.pad_token_id), "eval")
     return par.average_metrics(stats, float(len(eps)))

@@ -131,6 +131,12 @@ class TextEnv(abc.ABC):
         """The solver's whole turn text for the current state."""
         return format_turn(self.reasoning(), [self.solver_action()])
 
+    def follows_solver(self, text: str) -> bool:
+        """Whether the first move of the turn ``text`` is the scripted solver's move in the
+        current state (ask before :meth:`step`). An invalid turn never follows."""
+        moves = self._moves(text)
+        return bool(moves) and moves[0] == self._parse(self.solver_action())
+
     def legal_actions(self) -> list[str]:
         """Every move text that is legal now, in a fixed order (for search)."""
         raise NotImplementedError(f"{self.name} does not list its legal actions")
