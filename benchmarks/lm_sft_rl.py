@@ -3,7 +3,7 @@ GRPO from that same SFT agent; greedy success on the same held-out env seeds bef
 
 Usage: python benchmarks/lm_sft_rl.py [--envs sokoban frozenlake] [--algos ppo grpo]
 [--seeds 3] [--jobs 2] [--out runs/lm-results] [--doc docs/results/lm-sft-rl.md]
-[--report-only] [-- extra tokenergy overrides, e.g. --algo.iterations 20]
+[--report-only] [--resume] [-- extra tokenergy overrides, e.g. --algo.iterations 20]
 
 Every run is a plain ``tokenergy train`` command (printed as it starts), one torch thread each,
 ``--jobs`` at a time. Writes the table and a curve plot to ``docs/results/``.
@@ -41,8 +41,12 @@ def run(cmd: list[str], log: Path) -> None:
         raise RuntimeError(f"failed ({res.returncode}); see {log}")
 
 
-def run_all(jobs: list[tuple[list[str], Path]], n: int) -> None:
-    """Run the ``(command, log)`` jobs, ``n`` at a time; the first failure stops the script."""
+def run_all(jobs: list[tuple[list[str], Path]], n: int, resume: bool = False) -> None:
+    """Run the ``(command, log)`` jobs, ``n`` at a time; the first failure stops the script.
+    With ``resume``, a job whose run folder (the log's path without ``.log``) already holds its
+    saved ``agent/`` is kept as it is."""
+    if resume:
+        jobs = [j for j in jobs if not (j[1].with_suffix("") / "agent").is_dir()]
     with cf.ThreadPoolExecutor(n) as pool:
         list(pool.map(lambda j: run(*j), jobs))
 
@@ -88,6 +92,9 @@ def main() -> None:
     ap.add_argument(
         "--report-only", action="store_true", help="rewrite the table and plot from --out"
     )
+    ap.add_argument(
+        "--resume", action="store_true", help="keep the runs of --out that finished (agent/ saved)"
+    )
     a, extra = ap.parse_known_args()
     extra = [x for x in extra if x != "--"]
     out = Path(a.out)
@@ -107,7 +114,7 @@ def main() -> None:
         for s in range(a.seeds)
     ]
     if not a.report_only:
-        run_all(sft_jobs, a.jobs)
+        run_all(sft_jobs, a.jobs, a.resume)
 
     # ---- RL from each SFT agent -------------------------------------------------------------
     rl_jobs = [
@@ -125,14 +132,14 @@ def main() -> None:
         for s in range(a.seeds)
     ]
     if not a.report_only:
-        run_all(rl_jobs, a.jobs)
+        run_all(rl_jobs, a.jobs, a.resume)
     wall = time.perf_counter() - t0
 
     # ---- greedy success of each SFT start and each RL agent (same held-out seeds) ----------
     greedy: dict[Path, float] = {}
     for d in sorted({p for j in sft_jobs + rl_jobs for p in [Path(j[0][j[0].index("--out") + 1])]}):
         cmd = [*tokenergy(), "eval", str(d), "--temperature", "0"]
-        if not (a.report_only and (d / "eval.json").is_file()):
+        if not ((a.report_only or a.resume) and (d / "eval.json").is_file()):
             run(cmd, d.with_suffix(".eval.log"))
         greedy[d] = json.loads((d / "eval.json").read_text())["eval/success"]
 
@@ -192,7 +199,9 @@ def main() -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
     png = doc.with_suffix(".png")
     fig.savefig(png, dpi=110)
-    argv = [x for x in sys.argv[1:] if x != "--report-only"]  # the command that made the runs
+    argv = [
+        x for x in sys.argv[1:] if x not in ("--report-only", "--resume")
+    ]  # the command that made the runs
     cmdline = "python benchmarks/lm_sft_rl.py " + " ".join(shlex.quote(x) for x in argv)
     text = (
         "# SFT, then PPO / GRPO: held-out success before and after RL\n\n"
@@ -202,7 +211,7 @@ def main() -> None:
         "evaluation temperature (the curves and the first columns) and greedy (last columns)\n"
         + (
             ""
-            if a.report_only
+            if a.report_only or a.resume
             else f"- wall time: {wall / 60:.0f} min, {a.jobs} runs at a time, one torch thread each\n"
         )
         + "\n"
