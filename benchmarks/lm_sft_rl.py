@@ -199,9 +199,8 @@ def main() -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
     png = doc.with_suffix(".png")
     fig.savefig(png, dpi=110)
-    argv = [
-        x for x in sys.argv[1:] if x not in ("--report-only", "--resume")
-    ]  # the command that made the runs
+    # the command that made the runs
+    argv = [x for x in sys.argv[1:] if x not in ("--report-only", "--resume")]
     cmdline = "python benchmarks/lm_sft_rl.py " + " ".join(shlex.quote(x) for x in argv)
     text = (
         "# SFT, then PPO / GRPO: held-out success before and after RL\n\n"
