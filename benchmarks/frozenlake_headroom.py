@@ -63,9 +63,10 @@ def map_stats(seed: int, horizons: list[int], eps: float) -> dict[int, tuple[flo
     solver = np.array([pol[(s // m, s % m)] for s in range(S)])
     pi_eps = np.full((S, 4), eps / 4)
     pi_eps[np.arange(S), solver] += 1 - eps
+    decides = T.sum((1, 2)) > 0  # not G, not a hole: a move is chosen there
     out = {}
     for H in horizons:
-        # W[s]: P(reach G within the moves left | at s); entering G counts once (goal[s'])
+        # v_*[s]: P(reach G within the moves left | at s); entering G counts once (goal[s'])
         v_sol, v_eps, v_opt = np.zeros(S), np.zeros(S), np.zeros(S)
         q_eps = []  # Q of the noisy policy with h + 1 moves left, h = 0 .. H-1
         for _ in range(H):
@@ -80,10 +81,9 @@ def map_stats(seed: int, horizons: list[int], eps: float) -> dict[int, tuple[flo
         d = np.zeros(S)
         d[start] = 1.0
         gap = mass = 0.0
-        live = goal == 0
         for t in range(H):
             q = q_eps[H - 1 - t]
-            w = d * live * (T.sum((1, 2)) > 0)  # states where a decision is made
+            w = d * decides
             gap += float((w * (q[np.arange(S), solver] - q.mean(1))).sum())
             mass += float(w.sum())
             d = np.einsum("s,sa,sau->u", w, pi_eps, T)
