@@ -77,6 +77,43 @@ def test_save_load_gives_identical_logits_and_values(tmp_path, tok, arch):
     assert loaded.tokenizer.get_vocab() == tok.get_vocab()
 
 
+def test_separate_critic_starts_equal_saves_and_never_reaches_the_policy(tmp_path, tok):
+    from tokenergy.models.lm import CriticModel, separate_critic
+
+    agent = build_agent("tiny", tokenizer=tok, seed=3)
+    torch.nn.init.normal_(agent.value_head.net[2].weight)
+    x = torch.tensor([tok("<bos> P F ⏎ <think> i </think> <answer> Up </answer>").input_ids])
+    before = agent(x)
+    separate_critic(agent)
+    assert isinstance(agent.value_head, CriticModel)
+    assert separate_critic(agent).value_head is agent.value_head  # a no-op the second time
+    after = agent(x)
+    # the critic's transformer is a copy of the policy's: same features, same head, same values
+    assert torch.equal(before.logits, after.logits)
+    torch.testing.assert_close(after.values, before.values, rtol=1e-5, atol=1e-6)
+    # the value loss trains the critic and never the policy; the critic's weights are its own
+    after.values.square().sum().backward()
+    assert all(p.grad is None for p in agent.policy.parameters())
+    trunk_grads = [p.grad for p in agent.value_head.trunk.parameters()]
+    assert all(g is not None for g in trunk_grads) and any(g.abs().sum() > 0 for g in trunk_grads)
+    shared = {p.data_ptr() for p in agent.policy.parameters()}
+    assert not shared & {p.data_ptr() for p in agent.value_head.parameters()}
+    with torch.no_grad():  # the critic moves; the policy's logits do not
+        for p in agent.value_head.trunk.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    moved = agent(x)
+    assert torch.equal(moved.logits, before.logits) and not torch.equal(moved.values, after.values)
+    save_agent(agent, tmp_path / "a")
+    loaded = load_agent(tmp_path / "a")
+    assert isinstance(loaded.value_head, CriticModel)
+    again = loaded(x)
+    assert torch.equal(again.logits, moved.logits) and torch.equal(again.values, moved.values)
+    # saving a shared-critic agent over the folder removes the old critic
+    save_agent(build_agent("tiny", tokenizer=tok, seed=4), tmp_path / "a")
+    assert not (tmp_path / "a" / "critic").exists()
+    assert not isinstance(load_agent(tmp_path / "a").value_head, CriticModel)
+
+
 def test_named_sizes_and_zero_value_at_init(tok):
     counts = {
         s: sum(p.numel() for p in build_agent(s, tokenizer=tok).parameters())
@@ -296,6 +333,25 @@ def test_one_update_changes_parameters_and_logs(tmp_path, algo):
     assert result.history[-1]["train/episodes"] == 4
 
 
+def test_ppo_with_a_separate_critic_trains_the_critic_and_saves_it(tmp_path):
+    from tokenergy.models.lm import CriticModel
+    from tokenergy.runs import Run
+
+    cfg = tiny_cfg(**{"model.critic": "separate", "algo.ent_coef": 0.01, "algo.iterations": 2})
+    agent = build_agent("tiny", seed=0)
+    start = {k: v.clone() for k, v in agent.policy.base_model.state_dict().items()}
+    with Run(tmp_path / "run", cfg) as run:
+        train_lm(cfg, run, agent=agent)
+    assert isinstance(agent.value_head, CriticModel)
+    critic = agent.value_head.trunk.state_dict()
+    assert start.keys() == critic.keys()  # the critic is a copy of the policy's transformer ...
+    assert any(not torch.equal(start[k], critic[k]) for k in start)  # ... trained on its own
+    policy = agent.policy.base_model.state_dict()
+    assert any(not torch.equal(policy[k], critic[k]) for k in start)
+    assert (tmp_path / "run" / "agent" / "critic" / "config.json").is_file()
+    assert isinstance(load_agent(tmp_path / "run" / "agent").value_head, CriticModel)
+
+
 def _hand_batch():
     """Two groups of two episodes; rewards on the last agent token of each turn."""
     from tokenergy.rollout import Scored, Trajectories
@@ -365,6 +421,10 @@ def test_lm_config_errors_name_the_field():
         tiny_cfg(**{"algo.name": "ppo2"})
     with pytest.raises(ConfigError, match=r"algo.minibatches: must divide rollout.episodes"):
         tiny_cfg(**{"algo.minibatches": 3})
+    with pytest.raises(ConfigError, match=r"model.critic: must be shared or separate"):
+        tiny_cfg(**{"model.critic": "own"})
+    with pytest.raises(ConfigError, match=r"model.critic: only ppo .*not reinforce"):
+        tiny_cfg(**{"model.critic": "separate", "algo.name": "reinforce"})
 
 
 def test_every_logged_metric_is_documented(tmp_path):

@@ -122,8 +122,11 @@ KIT = {  # the robustness kit's state: the replay buffer, the curriculum level, 
 }
 
 
-ENVELOPE = {  # the envelope's state: the KL controller, the target value head, the curiosity
-    "algo.kl_target": 0.001,  # model and the ratio-cap count; the anchor's draws
+# The envelope's state: the KL controller, the target value head (here of a separate critic),
+# the curiosity model and the ratio-cap count; the anchor's draws.
+ENVELOPE = {
+    "algo.kl_target": 0.001,
+    "model.critic": "separate",
     "algo.kl_horizon": 8,
     "algo.value_target_tau": 0.3,
     "algo.reward_whiten": True,

@@ -381,6 +381,11 @@ class LMModelConfig:
         "RL: train only the top k transformer blocks (and the final norm, LM head and value "
         "head); embeddings and lower blocks freeze. null trains everything",
     )
+    critic: str = _f(
+        "shared",
+        "ppo's value head reads the policy's last hidden state (shared), or a copy of the "
+        "policy's transformer made when RL starts and trained at algo.value_lr (separate)",
+    )
 
     def __post_init__(self) -> None:
         from tokenergy.models.lm import MODEL_SIZES
@@ -404,6 +409,11 @@ class LMModelConfig:
             f"must be one of {', '.join(MODEL_SIZES)}, got {self.size!r}",
         )
         _check(self.arch in ("llama", "gpt2"), "arch", f"must be llama or gpt2, got {self.arch!r}")
+        _check(
+            self.critic in ("shared", "separate"),
+            "critic",
+            f"must be shared or separate, got {self.critic!r}",
+        )
 
 
 @dataclass
@@ -795,6 +805,10 @@ class LMRunConfig:
             raise ConfigError(
                 "algo.minibatches",
                 f"must divide rollout.episodes = {self.rollout.episodes}, got {self.algo.minibatches}",
+            )
+        if self.model.critic == "separate" and self.algo.name != "ppo":
+            raise ConfigError(
+                "model.critic", f"only ppo has a value head to separate, not {self.algo.name}"
             )
 
 

@@ -523,7 +523,7 @@ def train_lm(
     multi-process run restores rank 0's random streams; the others start fresh ones.
     """
     from tokenergy.algos.ppo import resolve_device
-    from tokenergy.models.lm import agent_from_config
+    from tokenergy.models.lm import agent_from_config, separate_critic
 
     device = resolve_device(cfg.device)
     par = Parallel.from_env(device)
@@ -565,6 +565,8 @@ def train_lm(
         if cfg.sft.episodes > 0:
             sft(agent, cfg, log=log if run is not None else None, par=par)
         par.broadcast(agent)
+        if cfg.model.critic == "separate":
+            separate_critic(agent)  # after SFT: the critic starts from the SFT features
         ev = {
             "train/iteration": 0,
             **evaluate(agent, cfg, par=par),
@@ -582,6 +584,8 @@ def train_lm(
         from tokenergy.runs import load_checkpoint, load_trainer_state
 
         tensors, _, _ = load_checkpoint(resume)
+        if cfg.model.critic == "separate":
+            separate_critic(agent)  # the checkpoint's structure; its weights load next
         agent.load_state_dict(tensors)
         ts = load_trainer_state(resume)
         par.broadcast(agent)

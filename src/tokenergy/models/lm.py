@@ -7,9 +7,10 @@ punctuation and every word the registered text envs use, so any env text tokeniz
 saves and loads like any Hugging Face tokenizer.
 
 A saved agent folder holds ``policy/`` (``save_pretrained`` of the causal LM and the
-tokenizer) and ``value_head.safetensors``. :func:`load_agent` also takes a plain Hugging Face
-causal-LM folder (a user's own checkpoint, with its tokenizer): the value head then starts
-fresh.
+tokenizer) and ``value_head.safetensors``; an agent with a separate critic
+(:class:`CriticModel`, :func:`separate_critic`) also ``critic/``, the critic's transformer.
+:func:`load_agent` also takes a plain Hugging Face causal-LM folder (a user's own checkpoint,
+with its tokenizer): the value head then starts fresh.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "MODEL_SIZES",
     "SPECIAL_TOKENS",
     "AgentModel",
+    "CriticModel",
     "ModelLoadError",
     "ValueHead",
     "agent_from_config",
@@ -33,6 +35,7 @@ __all__ = [
     "build_tokenizer",
     "load_agent",
     "save_agent",
+    "separate_critic",
 ]
 
 NEWLINE = "⏎"  # newlines are a token of their own: grids are read row by row
@@ -143,6 +146,25 @@ class ValueHead(nn.Module):
         return self.net(hidden).squeeze(-1)
 
 
+class CriticModel(nn.Module):
+    """A value model with a transformer of its own: ``V = head(last hidden state of trunk)``.
+
+    The value head of :class:`AgentModel` reads the policy's hidden state, features learned to
+    predict the next token; this critic learns its own features (how hard is this map?) at
+    the value learning rate, without moving the policy. :func:`separate_critic` builds it
+    from the policy, so it starts with the policy's features and the agent's value head.
+    """
+
+    def __init__(self, trunk: nn.Module, head: ValueHead) -> None:
+        super().__init__()
+        self.trunk = trunk  # a transformers base model (no LM head): last_hidden_state
+        self.head = head
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        out = self.trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return self.head(out.last_hidden_state)
+
+
 @dataclass
 class AgentOutput:
     logits: torch.Tensor  # (B, T, V): logits[:, t] predicts token t + 1
@@ -150,7 +172,8 @@ class AgentOutput:
 
 
 class AgentModel(nn.Module):
-    """A causal LM policy with a value head on its last hidden state."""
+    """A causal LM policy with a value head on its last hidden state, or (``value_head`` a
+    :class:`CriticModel`) a critic with a transformer of its own."""
 
     def __init__(self, policy: nn.Module, tokenizer) -> None:
         super().__init__()
@@ -166,13 +189,17 @@ class AgentModel(nn.Module):
         value_grad_to_policy: bool = True,
     ) -> AgentOutput:
         """Logits and values; with ``value_grad_to_policy=False`` the value loss trains the
-        value head alone (its input, the last hidden state, is detached)."""
+        value head alone (its input, the last hidden state, is detached). A separate critic
+        never reaches the policy."""
+        separate = isinstance(self.value_head, CriticModel)
         out = self.policy(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            output_hidden_states=with_values,
+            output_hidden_states=with_values and not separate,
             use_cache=False,
         )
+        if with_values and separate:
+            return AgentOutput(out.logits, self.value_head(input_ids, attention_mask))
         hidden = out.hidden_states[-1] if with_values else None
         if hidden is not None and not value_grad_to_policy:
             hidden = hidden.detach()
@@ -204,6 +231,23 @@ def build_agent(
         torch.manual_seed(seed)
         policy = AutoModelForCausalLM.from_config(cfg)
         agent = AgentModel(policy, tokenizer)
+    return agent
+
+
+def separate_critic(agent: AgentModel) -> AgentModel:
+    """Give ``agent`` a critic with its own transformer: a copy of the policy's (LoRA merged,
+    every weight trainable) under the current value head, so the values start where
+    they were. A no-op when the critic is already separate."""
+    import copy
+
+    if isinstance(agent.value_head, CriticModel):
+        return agent
+    src = copy.deepcopy(agent.policy)
+    if hasattr(src, "merge_and_unload"):
+        src = src.merge_and_unload()
+    trunk = src.base_model
+    trunk.requires_grad_(True)
+    agent.value_head = CriticModel(trunk, agent.value_head)
     return agent
 
 
@@ -269,7 +313,8 @@ def agent_from_config(model_cfg, seed: int = 0) -> AgentModel:
 
 
 def save_agent(agent: AgentModel, folder: str | Path) -> Path:
-    """Write ``policy/`` (model + tokenizer) and ``value_head.safetensors`` under ``folder``.
+    """Write ``policy/`` (model + tokenizer) and ``value_head.safetensors`` under ``folder``,
+    and ``critic/`` when the critic is separate.
 
     A LoRA policy is saved merged (a plain causal LM), so the folder loads without ``peft``.
     """
@@ -283,7 +328,15 @@ def save_agent(agent: AgentModel, folder: str | Path) -> Path:
         policy = copy.deepcopy(policy).merge_and_unload()
     policy.save_pretrained(folder / "policy")
     agent.tokenizer.save_pretrained(folder / "policy")
-    state = {k: v.detach().cpu().contiguous() for k, v in agent.value_head.state_dict().items()}
+    head = agent.value_head
+    if isinstance(head, CriticModel):
+        head.trunk.save_pretrained(folder / "critic")
+        head = head.head
+    elif (folder / "critic").is_dir():  # a critic saved here before is not this agent's
+        import shutil
+
+        shutil.rmtree(folder / "critic")
+    state = {k: v.detach().cpu().contiguous() for k, v in head.state_dict().items()}
     save_file(state, str(folder / "value_head.safetensors"))
     return folder
 
@@ -323,4 +376,14 @@ def load_agent(folder: str | Path, dtype: torch.dtype = torch.float32) -> AgentM
     head = folder / "value_head.safetensors"
     if head.is_file():
         agent.value_head.load_state_dict(load_file(str(head)))
+    if (folder / "critic" / "config.json").is_file():
+        from transformers import AutoModel
+
+        try:
+            trunk = AutoModel.from_pretrained(folder / "critic", dtype=dtype)
+        except (OSError, ValueError) as err:
+            raise ModelLoadError(
+                f"cannot load the critic from {str(folder / 'critic')!r}: {err}"
+            ) from None
+        agent.value_head = CriticModel(trunk, agent.value_head)
     return agent.to(dtype)
