@@ -6,7 +6,8 @@ Usage: python benchmarks/lm_sft_rl.py [--envs sokoban frozenlake] [--algos ppo g
 [--report-only] [--resume] [-- extra tokenergy overrides, e.g. --algo.iterations 20]
 
 Every run is a plain ``tokenergy train`` command (printed as it starts), one torch thread each,
-``--jobs`` at a time. Writes the table and a curve plot to ``docs/results/``.
+``--jobs`` at a time; a seed's RL runs start as soon as its SFT agent is saved. Writes the table
+and a curve plot to ``docs/results/``.
 """
 
 from __future__ import annotations
@@ -41,14 +42,29 @@ def run(cmd: list[str], log: Path) -> None:
         raise RuntimeError(f"failed ({res.returncode}); see {log}")
 
 
-def run_all(jobs: list[tuple[list[str], Path]], n: int, resume: bool = False) -> None:
-    """Run the ``(command, log)`` jobs, ``n`` at a time; the first failure stops the script.
-    With ``resume``, a job whose run folder (the log's path without ``.log``) already holds its
-    saved ``agent/`` is kept as it is."""
-    if resume:
-        jobs = [j for j in jobs if not (j[1].with_suffix("") / "agent").is_dir()]
+Job = tuple[list[str], Path]
+
+
+def run_all(first: list[Job], then: dict[int, list[Job]], n: int, resume: bool = False) -> None:
+    """Run the ``(command, log)`` jobs ``n`` at a time: every job of ``first``, and each job of
+    ``then[i]`` as soon as ``first[i]`` has finished (an RL run needs its own SFT agent, not all
+    of them). The first failure stops the script. With ``resume``, a job whose run folder (the
+    log's path without ``.log``) already holds its saved ``agent/`` is kept as it is."""
+
+    def done(j: Job) -> bool:
+        return resume and (j[1].with_suffix("") / "agent").is_dir()
+
     with cf.ThreadPoolExecutor(n) as pool:
-        list(pool.map(lambda j: run(*j), jobs))
+        # All of ``first`` is queued before any job that waits on it, so a waiting job only ever
+        # holds a slot while the job it waits for runs in another: no deadlock.
+        pre = [pool.submit(lambda j=j: None if done(j) else run(*j)) for j in first]
+        post = [
+            pool.submit(lambda i=i, j=j: (pre[i].result(), None if done(j) else run(*j)))
+            for i, jobs in then.items()
+            for j in jobs
+        ]
+        for f in pre + post:
+            f.result()
 
 
 def evals(run_dir: Path) -> list[tuple[int, float]]:
@@ -113,26 +129,22 @@ def main() -> None:
         for env in a.envs
         for s in range(a.seeds)
     ]
-    if not a.report_only:
-        run_all(sft_jobs, a.jobs, a.resume)
 
-    # ---- RL from each SFT agent -------------------------------------------------------------
-    rl_jobs = [
-        job(
-            f"{env}-{algo}",
-            out / env / algo / f"seed_{s}",
-            s,
-            "--model.path",
-            str(out / env / "sft" / f"seed_{s}" / "agent"),
-            "--sft.episodes",
-            "0",
-        )
-        for env in a.envs
-        for algo in a.algos
-        for s in range(a.seeds)
-    ]
+    # ---- RL from each SFT agent, started as soon as that agent is saved --------------------
+    def rl_job(env: str, algo: str, s: int) -> Job:
+        sft_agent = out / env / "sft" / f"seed_{s}" / "agent"
+        return job(
+            f"{env}-{algo}", out / env / algo / f"seed_{s}", s,
+            "--model.path", str(sft_agent), "--sft.episodes", "0",
+        )  # fmt: skip
+
+    then = {
+        i: [rl_job(env, algo, s) for algo in a.algos]
+        for i, (env, s) in enumerate((env, s) for env in a.envs for s in range(a.seeds))
+    }
+    rl_jobs = [j for i in sorted(then) for j in then[i]]
     if not a.report_only:
-        run_all(rl_jobs, a.jobs, a.resume)
+        run_all(sft_jobs, then, a.jobs, a.resume)
     wall = time.perf_counter() - t0
 
     # ---- greedy success of each SFT start and each RL agent (same held-out seeds) ----------
