@@ -78,7 +78,8 @@ def test_save_load_gives_identical_logits_and_values(tmp_path, tok, arch):
 
 
 def test_separate_critic_starts_equal_saves_and_never_reaches_the_policy(tmp_path, tok):
-    from tokenergy.models.lm import CriticModel, separate_critic
+    from tokenergy.config import LMModelConfig
+    from tokenergy.models.lm import CriticModel, agent_from_config, separate_critic
 
     agent = build_agent("tiny", tokenizer=tok, seed=3)
     torch.nn.init.normal_(agent.value_head.net[2].weight)
@@ -108,6 +109,10 @@ def test_separate_critic_starts_equal_saves_and_never_reaches_the_policy(tmp_pat
     assert isinstance(loaded.value_head, CriticModel)
     again = loaded(x)
     assert torch.equal(again.logits, moved.logits) and torch.equal(again.values, moved.values)
+    # a run's config decides: `critic: shared` drops a loaded critic's transformer
+    for critic, kind in (("separate", CriticModel), ("shared", type(loaded.value_head.head))):
+        cfg = LMModelConfig(path=str(tmp_path / "a"), critic=critic)
+        assert type(agent_from_config(cfg).value_head) is kind
     # saving a shared-critic agent over the folder removes the old critic
     save_agent(build_agent("tiny", tokenizer=tok, seed=4), tmp_path / "a")
     assert not (tmp_path / "a" / "critic").exists()

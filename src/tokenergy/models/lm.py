@@ -304,6 +304,10 @@ def agent_from_config(model_cfg, seed: int = 0) -> AgentModel:
         agent = load_agent(PRETRAINED.get(model_cfg.pretrained)())
     else:
         agent = build_agent(model_cfg.size, model_cfg.arch, seed=seed)
+    if isinstance(agent.value_head, CriticModel) and model_cfg.critic == "shared":
+        # the config decides: a folder saved with a separate critic (a PPO run's agent) starts
+        # a shared-critic run (GRPO, say) without the critic's transformer, its head kept
+        agent.value_head = agent.value_head.head
     new_ids = add_tag_tokens(agent)
     if model_cfg.lora_r > 0:
         apply_lora(
