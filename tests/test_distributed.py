@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shlex
@@ -72,8 +73,20 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     row = {"eval/success": float(rank), "perf/gen_tokens_per_s": 100.0 * (rank + 1)}
     result["avg"] = par.average_metrics(row, weight=1.0 + rank)  # weights 1 and 2
     result["all_true"] = par.all_true(rank == 0, torch.device("cpu"))
+    # What transformers does when a model class is first used, after the group exists: an
+    # import that binds group.WORLD as a default argument. Leaving must still free the group
+    # and stop the backend's threads (alive at interpreter exit, they abort the process).
+    importlib.import_module("torch.distributed.nn.functional")
+    par.close()
+    if sys.platform == "linux":  # thread names from /proc
+        result["gloo_threads"] = [
+            n for t in os.listdir("/proc/self/task") if "gloo" in (n := _thread_name(t))
+        ]
     Path(out, f"{rank}.json").write_text(json.dumps(result))
-    torch.distributed.destroy_process_group()
+
+
+def _thread_name(tid: str) -> str:
+    return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
 
 
 def test_collectives_on_two_gloo_processes(tmp_path):
@@ -98,6 +111,8 @@ def test_collectives_on_two_gloo_processes(tmp_path):
     assert r[1]["avg"]["eval/success"] == pytest.approx(2 / 3)
     assert r[0]["avg"]["perf/gen_tokens_per_s"] == 300.0
     assert r[0]["all_true"] is False and r[1]["all_true"] is False
+    if sys.platform == "linux":
+        assert r[0]["gloo_threads"] == [] and r[1]["gloo_threads"] == []
 
 
 # A launch that fails on the network (a port taken between choosing it and binding it) is

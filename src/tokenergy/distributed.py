@@ -52,6 +52,14 @@ class Parallel:
             return cls()
         local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")))
         if not dist.is_initialized():
+            # torch.distributed.nn.functional binds ``group=group.WORLD`` as default arguments
+            # when first imported, and transformers imports it lazily (through its FSDP
+            # support) when a model class is first used. Imported after the group exists it
+            # would pin the group for the life of the process: ``destroy_process_group`` could
+            # not free it, and the backend's threads would die in interpreter finalization,
+            # which aborts a finished run now and then. Imported first, it binds None.
+            import torch.distributed.nn.functional
+
             cuda = device is not None and torch.device(device).type == "cuda"
             if cuda:
                 torch.cuda.set_device(local)
