@@ -166,6 +166,8 @@ def test_lm_train_then_eval_end_to_end(tmp_path):
     assert res.returncode == 0, res.stderr
     result = json.loads((out / "eval.json").read_text())
     assert 0.0 <= result["eval/success"] <= 1.0 and result["eval/turns"] >= 1
+    p = result["eval/success"]
+    assert result["eval/success_se"] == pytest.approx((p * (1 - p) / 4) ** 0.5)
     res = run("search", str(out), "--algo", "beam", "--episodes", "2", "--width", "2")
     assert res.returncode == 0, res.stderr
     rows = json.loads((out / "search-beam.json").read_text())

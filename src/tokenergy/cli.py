@@ -343,8 +343,10 @@ def eval_cmd(
     ),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto."),
 ) -> None:
-    """Success rate, invalid-action rate, mean turns and tokens of a trained agent on held-out seeds."""
+    """Success rate (with its standard error), invalid-action rate, mean turns and tokens of a
+    trained agent on held-out seeds."""
     import json
+    import math
 
     from tokenergy.algos.lm import evaluate
     from tokenergy.algos.ppo import resolve_device
@@ -360,7 +362,12 @@ def eval_cmd(
         raise RunDirError(f"{str(agent_dir)!r} not found: the run has not finished")
     agent = load_agent(agent_dir).to(resolve_device(device or cfg.device))
     result = evaluate(agent, cfg, episodes, temperature, seed_offset)
-    table = Table(title=f"{run_dir}  ({cfg.env.name}, {episodes or cfg.eval.episodes} episodes)")
+    n = episodes or cfg.eval.episodes
+    # the binomial standard error: two agents' success rates on the same n seeds differ by more
+    # than ~2.8 of it before the difference is more than sampling and slip luck
+    p = result["eval/success"]
+    result["eval/success_se"] = math.sqrt(p * (1.0 - p) / n)
+    table = Table(title=f"{run_dir}  ({cfg.env.name}, {n} episodes)")
     table.add_column("metric")
     table.add_column("value", justify="right")
     for k, v in result.items():
