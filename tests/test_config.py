@@ -62,6 +62,11 @@ def test_overrides_dashes_types_and_sections():
     )
     assert cfg.ppo.clip_eps == 0.1 and cfg.energy.shuffle
     assert apply_overrides(cfg, {"ppo.lr": 1}).ppo.lr == 1.0  # ints are fine for floats
+    # YAML reads 1e-4 (no dot) as a string; number fields take it as the number it spells
+    cfg = apply_overrides(cfg, parse_override_args(["--ppo.lr", "1e-4", "--ppo.epochs", "1E1"]))
+    assert cfg.ppo.lr == 1e-4 and cfg.ppo.epochs == 10 and isinstance(cfg.ppo.epochs, int)
+    with pytest.raises(ConfigError, match="must be float, got '1e-4x'"):
+        apply_overrides(cfg, {"ppo.lr": "1e-4x"})
     with pytest.raises(ConfigError, match="is a section"):
         apply_overrides(cfg, {"ppo": 1})
     with pytest.raises(ConfigError, match="not a section"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -1152,8 +1153,14 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+# YAML 1.1 (PyYAML) reads 1e-4 and 3E5, numbers without a dot, as strings
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
+
 def _coerce(value: Any, tp: Any, path: str) -> Any:
     """Check ``value`` against a field type, converting only where it is lossless."""
+    if tp in (int, float) and isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        value = float(value)
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
