@@ -74,6 +74,21 @@ def evals(run_dir: Path) -> list[tuple[int, float]]:
     ]
 
 
+def greedy_success(run_dir: Path, episodes: int, reuse: bool) -> float:
+    """Greedy success of the run's agent on ``episodes`` held-out seeds. With ``reuse`` a stored
+    eval.json counts only when it was made with these settings (a user's own ``tokenergy eval``
+    may have replaced it)."""
+    path = run_dir / "eval.json"
+    want = {"episodes": episodes, "temperature": 0.0}
+    if reuse and path.is_file():
+        stored = json.loads(path.read_text())
+        if all(stored.get("settings", {}).get(k) == v for k, v in want.items()):
+            return stored["eval/success"]
+    cmd = [*tokenergy(), "eval", str(run_dir), "--temperature", "0", "--episodes", str(episodes)]
+    run(cmd, run_dir.with_suffix(".eval.log"))
+    return json.loads(path.read_text())["eval/success"]
+
+
 def solver_success(run_dir: Path) -> float:
     """The scripted solver's success on the run's held-out env seeds (the reference ceiling)."""
     from tokenergy.config import load_config
@@ -142,18 +157,21 @@ def main() -> None:
         i: [rl_job(env, algo, s) for algo in a.algos]
         for i, (env, s) in enumerate((env, s) for env in a.envs for s in range(a.seeds))
     }
-    rl_jobs = [j for i in sorted(then) for j in then[i]]
     if not a.report_only:
         run_all(sft_jobs, then, a.jobs, a.resume)
     wall = time.perf_counter() - t0
 
     # ---- greedy success of each SFT start and each RL agent (same held-out seeds) ----------
+    # As many episodes as the RL runs evaluate.
+    from tokenergy.config import load_config
+
     greedy: dict[Path, float] = {}
-    for d in sorted({p for j in sft_jobs + rl_jobs for p in [Path(j[0][j[0].index("--out") + 1])]}):
-        cmd = [*tokenergy(), "eval", str(d), "--temperature", "0"]
-        if not ((a.report_only or a.resume) and (d / "eval.json").is_file()):
-            run(cmd, d.with_suffix(".eval.log"))
-        greedy[d] = json.loads((d / "eval.json").read_text())["eval/success"]
+    for env in a.envs:
+        for s in range(a.seeds):
+            n = load_config(out / env / a.algos[0] / f"seed_{s}" / "config.yaml").eval.episodes
+            for stage in ["sft", *a.algos]:
+                d = out / env / stage / f"seed_{s}"
+                greedy[d] = greedy_success(d, n, reuse=a.report_only or a.resume)
 
     # ---- table and picture ----------------------------------------------------------------
     import matplotlib

@@ -373,7 +373,13 @@ def eval_cmd(
     for k, v in result.items():
         table.add_row(k, f"{v:.3f}")
     console.print(table)
-    (run_dir / "eval.json").write_text(json.dumps(result, indent=2))
+    # what was measured, so that a later reader can tell a greedy eval from a sampled one
+    settings = {
+        "episodes": n,
+        "temperature": cfg.eval.temperature if temperature is None else temperature,
+        "seed_offset": cfg.eval.seed_offset if seed_offset is None else seed_offset,
+    }
+    (run_dir / "eval.json").write_text(json.dumps({**result, "settings": settings}, indent=2))
 
 
 @app.command()
