@@ -161,9 +161,8 @@ def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path
     """
     # Tree search (2 levels, 4 leaf visits): an episode ends at the goal or after the budget,
     # so episodes differ in length with their outcome.
-    # The preset's critic warm-up would hold the policy still in the one PPO iteration.
     env = "--env.name tree_search --env.max_turns 4 --log.progress false --device cpu"
-    env += " --algo.critic_warmup_iters 0"
+    env += " --algo.critic_warmup_iters 0"  # the preset's warm-up would hold the policy still
     base = shlex.split(f"{env} --sft.episodes 256 --sft.epochs 8 --sft.batch_size 16 --sft.lr 0.01")
     base += shlex.split("--algo.iterations 1 --rollout.episodes 8 --eval.episodes 4")
     _train(base, tmp_path / "base", lambda: [sys.executable])

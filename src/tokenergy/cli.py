@@ -348,7 +348,7 @@ def eval_cmd(
     import json
     import math
 
-    from tokenergy.algos.lm import evaluate
+    from tokenergy.algos.lm import eval_settings, evaluate
     from tokenergy.algos.ppo import resolve_device
     from tokenergy.models import load_agent
 
@@ -362,7 +362,9 @@ def eval_cmd(
         raise RunDirError(f"{str(agent_dir)!r} not found: the run has not finished")
     agent = load_agent(agent_dir).to(resolve_device(device or cfg.device))
     result = evaluate(agent, cfg, episodes, temperature, seed_offset)
-    n = episodes or cfg.eval.episodes
+    # what was measured, so that a later reader can tell a greedy eval from a sampled one
+    settings = eval_settings(cfg, episodes, temperature, seed_offset)
+    n = settings["episodes"]
     # the binomial standard error: two agents' success rates on the same n seeds differ by more
     # than ~2.8 of it before the difference is more than sampling and slip luck
     p = result["eval/success"]
@@ -373,12 +375,6 @@ def eval_cmd(
     for k, v in result.items():
         table.add_row(k, f"{v:.3f}")
     console.print(table)
-    # what was measured, so that a later reader can tell a greedy eval from a sampled one
-    settings = {
-        "episodes": n,
-        "temperature": cfg.eval.temperature if temperature is None else temperature,
-        "seed_offset": cfg.eval.seed_offset if seed_offset is None else seed_offset,
-    }
     (run_dir / "eval.json").write_text(json.dumps({**result, "settings": settings}, indent=2))
 
 

@@ -209,6 +209,21 @@ def _episode_stats(traj: Trajectories, prefix: str) -> dict[str, float]:
     }
 
 
+def eval_settings(
+    cfg: LMRunConfig,
+    episodes: int | None = None,
+    temperature: float | None = None,
+    seed_offset: int | None = None,
+) -> dict[str, Any]:
+    """The episodes, temperature and first held-out seed an evaluation uses: the arguments,
+    or the config's ``eval`` section where they are None."""
+    return {
+        "episodes": episodes or cfg.eval.episodes,
+        "temperature": cfg.eval.temperature if temperature is None else temperature,
+        "seed_offset": cfg.eval.seed_offset if seed_offset is None else seed_offset,
+    }
+
+
 @torch.no_grad()
 def evaluate(
     agent: torch.nn.Module,
@@ -222,9 +237,8 @@ def evaluate(
 
     With several processes each plays every ``world``-th seed and the stats are averaged.
     """
-    n = episodes or cfg.eval.episodes
-    offset = cfg.eval.seed_offset if seed_offset is None else seed_offset
-    temp = cfg.eval.temperature if temperature is None else temperature
+    settings = eval_settings(cfg, episodes, temperature, seed_offset)
+    n, temp, offset = settings["episodes"], settings["temperature"], settings["seed_offset"]
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     was_training = agent.training
     agent.eval()
