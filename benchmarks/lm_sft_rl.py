@@ -165,13 +165,19 @@ def main() -> None:
     # As many episodes as the RL runs evaluate.
     from tokenergy.config import load_config
 
-    greedy: dict[Path, float] = {}
+    # The evaluations that are not stored run --jobs at a time, like the training runs.
+    episodes: dict[Path, int] = {}  # run folder -> held-out seeds to play
     for env in a.envs:
         for s in range(a.seeds):
             n = load_config(out / env / a.algos[0] / f"seed_{s}" / "config.yaml").eval.episodes
             for stage in ["sft", *a.algos]:
-                d = out / env / stage / f"seed_{s}"
-                greedy[d] = greedy_success(d, n, reuse=a.report_only or a.resume)
+                episodes[out / env / stage / f"seed_{s}"] = n
+    with cf.ThreadPoolExecutor(a.jobs) as pool:
+        futures = {
+            d: pool.submit(greedy_success, d, n, a.report_only or a.resume)
+            for d, n in episodes.items()
+        }
+    greedy = {d: f.result() for d, f in futures.items()}
 
     # ---- table and picture ----------------------------------------------------------------
     import matplotlib
