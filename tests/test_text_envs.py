@@ -13,9 +13,15 @@ from tokenergy.envs.sokoban import parse_level, solve
 from tokenergy.envs.sudoku import count_solutions
 from tokenergy.envs.text import extract_answer, split_actions
 
+PAPER = {"max_actions_per_turn": 2, "max_steps": 10, "strict_format": True}  # ActFocus's form
 ENV_ARGS = {
-    "frozenlake": [{}, {"is_slippery": True}, {"map_size": 5}],
-    "sokoban": [{}, {"num_boxes": 2, "size": 7}],
+    "frozenlake": [
+        {},
+        {"is_slippery": True},
+        {"map_size": 5},
+        {**PAPER, "is_slippery": True, "observation": "coords", "plan_in_reasoning": False},
+    ],
+    "sokoban": [{}, {"num_boxes": 2, "size": 7}, {**PAPER, "plan_in_reasoning": False}],
     "sudoku4": [{}, {"num_holes": 10}],
     "tree_search": [{}, {"k": 3, "depth": 3, "goal": "zipf"}],
     "treasure": [{}, {"difficulty": 4}],

@@ -341,6 +341,13 @@ def eval_cmd(
     seed_offset: int | None = typer.Option(
         None, "--seed-offset", min=0, help="First held-out env seed (default from the config)."
     ),
+    maps: int | None = typer.Option(
+        None,
+        "--maps",
+        min=0,
+        help="Distinct held-out maps the episodes cycle through; 0: one per episode "
+        "(default from the config).",
+    ),
     device: str | None = typer.Option(None, "--device", help="cpu, cuda, cuda:N or auto."),
 ) -> None:
     """Success rate (with its standard error), invalid-action rate, mean turns and tokens of a
@@ -361,9 +368,9 @@ def eval_cmd(
     if not agent_dir.is_dir():
         raise RunDirError(f"{str(agent_dir)!r} not found: the run has not finished")
     agent = load_agent(agent_dir).to(resolve_device(device or cfg.device))
-    result = evaluate(agent, cfg, episodes, temperature, seed_offset)
+    result = evaluate(agent, cfg, episodes, temperature, seed_offset, maps=maps)
     # what was measured, so that a later reader can tell a greedy eval from a sampled one
-    settings = eval_settings(cfg, episodes, temperature, seed_offset)
+    settings = eval_settings(cfg, episodes, temperature, seed_offset, maps)
     n = settings["episodes"]
     # the binomial standard error: two agents' success rates on the same n seeds differ by more
     # than ~2.8 of it before the difference is more than sampling and slip luck

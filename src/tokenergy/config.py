@@ -365,7 +365,16 @@ class LMModelConfig:
     """The policy: a named size built from scratch, or a local model folder."""
 
     size: str = _f("tiny", "tiny (~0.1M), small (~0.9M) or base (~5M) parameters")
-    arch: str = _f("llama", "architecture of a model built from scratch: llama or gpt2")
+    arch: str = _f(
+        "llama",
+        "architecture of a model built from scratch: llama (rotary positions) or gpt2 "
+        "(learned absolute positions)",
+    )
+    grid: bool = _f(
+        False,
+        "llama built from scratch: observation tokens also get learned row / column "
+        "embeddings (tokenergy.models.grid), so the agent can read where things are in a grid",
+    )
     path: str | None = _f(
         None, "local folder of a saved agent or any Hugging Face causal LM; null builds one"
     )
@@ -410,6 +419,11 @@ class LMModelConfig:
             f"must be one of {', '.join(MODEL_SIZES)}, got {self.size!r}",
         )
         _check(self.arch in ("llama", "gpt2"), "arch", f"must be llama or gpt2, got {self.arch!r}")
+        _check(
+            not self.grid or self.arch == "llama",
+            "grid",
+            f"row / column embeddings are built for arch llama, not {self.arch!r}",
+        )
         _check(
             self.critic in ("shared", "separate"),
             "critic",
@@ -711,6 +725,11 @@ class EvalConfig:
     every: int = _f(10, "RL iterations between evaluations (and one at the start and end)")
     seed_offset: int = _f(1_000_000, "held-out env seeds start here (training seeds stay below)")
     temperature: float = _f(0.0, "sampling temperature of evaluation; 0 is greedy")
+    maps: int = _f(
+        0,
+        "held-out maps the evaluation's episodes cycle through (the ActFocus paper: 32 maps x "
+        "16 rollouts at temperature 0.5); 0: every episode a map of its own",
+    )
     diagnose_seeds: int = _f(
         0, "action-bottleneck diagnostic at each evaluation: env seeds (0 turns it off)"
     )
@@ -724,6 +743,7 @@ class EvalConfig:
         _in_range(self.every, "every", 1, None)
         _in_range(self.seed_offset, "seed_offset", 0, None)
         _in_range(self.temperature, "temperature", 0.0, None)
+        _in_range(self.maps, "maps", 0, None)
         _in_range(self.diagnose_seeds, "diagnose_seeds", 0, None)
         _in_range(self.diagnose_group, "diagnose_group", 2, None)
 

@@ -60,6 +60,9 @@ class Episode:
     seed: int = 0
     group: int = 0
     solver_moves: int = -1  # turns whose first move was the scripted solver's; -1: not counted
+    state_turns: int = 0  # turns whose stated state was scored (perception)
+    state_exact: int = 0  # of those, turns that stated the true state word for word
+    state_tokens: float = 0.0  # summed share of state words right, position by position
 
     def extend(self, ids: Sequence[int], roles: Sequence[int]) -> None:
         self.tokens.extend(ids)
@@ -215,6 +218,12 @@ def sample_next(
     return torch.multinomial(probs.cpu(), 1, generator=generator).squeeze(-1).to(logits.device)
 
 
+def _grid_of(policy: torch.nn.Module):
+    """The :class:`~tokenergy.models.grid.GridEmbedding` of a grid model, else ``None``."""
+    base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    return getattr(getattr(base, "model", None), "grid", None)
+
+
 @torch.no_grad()
 def generate_turns(
     policy: torch.nn.Module,
@@ -241,6 +250,15 @@ def generate_turns(
         attn[i, L - len(c) :] = 1
     input_ids, attn = input_ids.to(device), attn.to(device)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+    grid = _grid_of(policy)  # a grid model: every new token's coordinates from all ids so far
+    seen = torch.cat([input_ids, input_ids.new_full((B, max_new_tokens), pad_id)], 1)
+
+    def coords(step: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if grid is None:
+            return None
+        rows, cols = grid.coordinates(seen[:, : L + step + 1])
+        return rows[:, -1:], cols[:, -1:]
+
     fast = decoder_for(policy)  # Llama models: the lean decode loop, same logits
     if fast is not None:
         logits = fast.forward(input_ids, attn, position_ids, capacity=L + max_new_tokens)
@@ -258,12 +276,14 @@ def generate_turns(
     for step in range(max_new_tokens):
         tok = sample_next(logits, temperature, top_p, generator).cpu()
         written[:, step] = tok
+        seen[:, L + step] = tok.to(device)
         lengths += (~done).long()
         done |= torch.isin(tok, stop)
         if bool(done.all()):
             break
+        extra = {} if grid is None else {"grid_coords": coords(step)}
         if fast is not None:
-            logits = fast.forward(tok[:, None].to(device), one, next_pos[:, None])
+            logits = fast.forward(tok[:, None].to(device), one, next_pos[:, None], **extra)
         else:
             attn = torch.cat([attn, one], dim=1)
             out = policy(
@@ -272,6 +292,7 @@ def generate_turns(
                 position_ids=next_pos[:, None],
                 cache=cache,
                 use_cache=True,
+                **extra,
             )
             cache, logits = out.cache, out.logits[:, -1]
         next_pos = next_pos + 1
@@ -296,6 +317,7 @@ def rollout(
     turn_fn: Callable[[TextEnv], str] | None = None,
     instructions: bool = False,
     count_solver_moves: bool = False,
+    measure_perception: bool = False,
 ) -> list[Episode]:
     """Play one episode in each env (reset with ``seeds``), all turns batched over envs.
 
@@ -315,6 +337,8 @@ def rollout(
             pretrained models, which otherwise do not know the game).
         count_solver_moves: count in ``Episode.solver_moves`` the turns whose first move is
             the scripted solver's (a diagnostic; costs one solver call per turn).
+        measure_perception: score the state each turn's scratchpad states against the
+            env's true state (``Episode.state_*``; envs without a state description skip).
 
     Returns:
         One :class:`Episode` per env.
@@ -360,6 +384,11 @@ def rollout(
             ep.turn_texts.append(text)
             if count_solver_moves:
                 ep.solver_moves += env.follows_solver(text)
+            seen = env.perceive(text) if measure_perception else None
+            if seen is not None:
+                ep.state_turns += 1
+                ep.state_exact += int(seen[0])
+                ep.state_tokens += seen[1]
             obs, reward, terminated, truncated, info = env.step(text)
             ep.rewards[-1] += reward
             ep.episode_return += reward

@@ -136,16 +136,20 @@ class LMTrainResult:
 
 
 def noisy_solver(epsilon: float, rng: np.random.Generator) -> Callable[[TextEnv], str]:
-    """The solver's turn, with its move replaced by a random one with probability ``epsilon``.
+    """The solver's turn, each of its moves replaced by a random one with probability
+    ``epsilon``.
 
-    The scratchpad still states the solver's plan, so the noise sits on the action tokens:
-    the SFT policy learns to reason well and act imperfectly.
+    The scratchpad still states what the solver sees (and its plan, where the env writes
+    one), so the noise sits on the action tokens: the SFT policy learns to reason well and
+    act imperfectly.
     """
     from tokenergy.envs.text import format_turn
 
     def turn(env: TextEnv) -> str:
-        move = env.random_action(rng) if rng.random() < epsilon else env.solver_action()
-        return format_turn(env.reasoning(), [move])
+        moves = [
+            env.random_action(rng) if rng.random() < epsilon else m for m in env.solver_moves()
+        ]
+        return format_turn(env.reasoning(), moves)
 
     return turn
 
@@ -164,6 +168,7 @@ def run_episodes(
     groups: list[int] | None = None,
     turn_fn: Callable[[TextEnv], str] | None = None,
     count_solver_moves: bool = False,
+    measure_perception: bool = False,
 ) -> Trajectories:
     """Episodes of ``cfg``'s env on ``seeds`` with its rollout settings (the agent writing, or
     ``turn_fn``), collated. ``temperature`` defaults to ``cfg.rollout.temperature``."""
@@ -182,6 +187,7 @@ def run_episodes(
         generator=generator,
         turn_fn=turn_fn,
         count_solver_moves=count_solver_moves,
+        measure_perception=measure_perception,
     )
     return collate(eps, agent.tokenizer.pad_token_id)
 
@@ -196,6 +202,10 @@ def _episode_stats(traj: Trajectories, prefix: str) -> dict[str, float]:
         if counted and min(counted) >= 0
         else {}
     )
+    state_turns = sum(e.state_turns for e in traj.episodes)
+    if state_turns:  # perception: the state the scratchpads state, against the truth
+        extra[f"{prefix}/state_exact"] = sum(e.state_exact for e in traj.episodes) / state_turns
+        extra[f"{prefix}/state_tokens"] = sum(e.state_tokens for e in traj.episodes) / state_turns
     return {
         f"{prefix}/return": float(traj.episode_return.mean()),
         f"{prefix}/success": float(traj.success.float().mean()),
@@ -214,14 +224,24 @@ def eval_settings(
     episodes: int | None = None,
     temperature: float | None = None,
     seed_offset: int | None = None,
+    maps: int | None = None,
 ) -> dict[str, Any]:
-    """The episodes, temperature and first held-out seed an evaluation uses: the arguments,
-    or the config's ``eval`` section where they are None."""
+    """The episodes, temperature, first held-out seed and number of distinct maps (0: one
+    per episode) an evaluation uses: the arguments, or the config's ``eval`` section where
+    they are None."""
     return {
         "episodes": episodes or cfg.eval.episodes,
         "temperature": cfg.eval.temperature if temperature is None else temperature,
         "seed_offset": cfg.eval.seed_offset if seed_offset is None else seed_offset,
+        "maps": cfg.eval.maps if maps is None else maps,
     }
+
+
+def eval_seeds(n: int, seed_offset: int, maps: int) -> list[int]:
+    """The env seed of each of ``n`` evaluation episodes: ``maps`` held-out maps in turn
+    (``offset, offset + 1, …, offset + maps - 1, offset, …``), or ``n`` distinct ones when
+    ``maps`` is 0."""
+    return [seed_offset + (i % maps if maps else i) for i in range(n)]
 
 
 @torch.no_grad()
@@ -232,24 +252,31 @@ def evaluate(
     temperature: float | None = None,
     seed_offset: int | None = None,
     par: Parallel = _SINGLE,
+    maps: int | None = None,
 ) -> dict[str, float]:
     """Success rate, invalid-action rate, mean turns and tokens on held-out env seeds.
 
     With several processes each plays every ``world``-th seed and the stats are averaged.
     """
-    settings = eval_settings(cfg, episodes, temperature, seed_offset)
-    n, temp, offset = settings["episodes"], settings["temperature"], settings["seed_offset"]
+    settings = eval_settings(cfg, episodes, temperature, seed_offset, maps)
+    n, temp = settings["episodes"], settings["temperature"]
     gen = torch.Generator().manual_seed(cfg.seed + 1)
     was_training = agent.training
     agent.eval()
     if n < par.world:
         raise ValueError(f"{n} evaluation episodes cannot be shared by {par.world} processes")
-    mine = [offset + i for i in range(n)][par.rank :: par.world]
+    mine = eval_seeds(n, settings["seed_offset"], settings["maps"])[par.rank :: par.world]
     eps = []
     for start in range(0, len(mine), 64):  # chunks bound the memory of one batched generation
         seeds = mine[start : start + 64]
         eps += run_episodes(
-            agent, cfg, seeds, temperature=temp, generator=gen, count_solver_moves=True
+            agent,
+            cfg,
+            seeds,
+            temperature=temp,
+            generator=gen,
+            count_solver_moves=True,
+            measure_perception=True,
         ).episodes
     agent.train(was_training)
     stats = _episode_stats(collate(eps, agent.tokenizer.pad_token_id), "eval")

@@ -4,6 +4,12 @@ The map uses Gymnasium's letters (``S`` start, ``F`` frozen, ``H`` hole, ``G`` g
 are ``Left``, ``Down``, ``Right``, ``Up`` (case-insensitive). Slippery: the intended move or
 either perpendicular one, 1/3 each, exactly as Gymnasium draws it. Reward 1 on reaching the
 goal, 0 otherwise; a hole or the goal ends the episode.
+
+Two observations: ``grid`` (the map in Gymnasium's letters, ``P`` for the player) and
+``coords``, the ActFocus paper's CoordFrozenLake wording: the board size and the zero-indexed
+coordinates of the start, the goal, the player and every hole, then the grid in the paper's
+symbols (``P`` player, ``_`` frozen, ``O`` hole, ``G`` goal, ``X`` player in a hole, ``√``
+player on the goal; the start is frozen ice).
 """
 
 from __future__ import annotations
@@ -58,10 +64,17 @@ class FrozenLakeText(TextEnv):
         max_steps: moves before truncation (Gymnasium's 4x4 limit is 100).
         max_actions_per_turn: moves one turn may chain (``Down || Right``).
         invalid_penalty: reward of an invalid turn.
+        observation: ``grid`` or ``coords`` (see the module docstring).
+        plan_in_reasoning: the solver's scratchpad ends with its plan (``plan : Down
+            Right``); without it the scratchpad states what is seen (position, goal and the
+            holes next to the player) and the move is decided in the answer.
+        strict_format: a turn not exactly ``<think>…</think> <answer>…</answer>`` is invalid.
     """
 
     name = "frozenlake"
     instructions = "reach G without falling into H . moves : Left Down Right Up"
+    plan_marker = "plan :"
+    OBSERVATIONS = ("grid", "coords")
 
     def __init__(
         self,
@@ -71,8 +84,13 @@ class FrozenLakeText(TextEnv):
         max_steps: int = 20,
         max_actions_per_turn: int = 1,
         invalid_penalty: float = -0.1,
+        observation: str = "grid",
+        plan_in_reasoning: bool = True,
+        strict_format: bool = False,
     ) -> None:
-        super().__init__(max_steps, max_actions_per_turn, invalid_penalty)
+        super().__init__(max_steps, max_actions_per_turn, invalid_penalty, strict_format)
+        self.observation_format = self.checked_observation(observation)
+        self.plan_in_reasoning = plan_in_reasoning
         if desc is not None:
             rows = [str(r) for r in desc]
             if not rows or any(len(r) != len(rows[0]) for r in rows):
@@ -115,12 +133,36 @@ class FrozenLakeText(TextEnv):
     def solved(self) -> bool:
         return self.desc[self.pos[0]][self.pos[1]] == "G"
 
+    def _find(self, letter: str) -> list[tuple[int, int]]:
+        return [
+            (r, c) for r, row in enumerate(self.desc) for c, ch in enumerate(row) if ch == letter
+        ]
+
     def render(self) -> str:
+        if self.observation_format == "coords":
+            return self._render_coords()
         rows = []
         for r, row in enumerate(self.desc):
             cells = ["P" if (r, c) == self.pos else ch for c, ch in enumerate(row)]
             rows.append(" ".join(cells))
         return "\n".join(rows)
+
+    def _render_coords(self) -> str:
+        (sr, sc), (gr, gc) = self._find("S")[0], self._find("G")[0]
+        holes = " , ".join(f"{r} {c}" for r, c in self._find("H")) or "none"
+        head = (
+            f"board {len(self.desc)} x {len(self.desc[0])} . start {sr} {sc} . goal {gr} {gc} . "
+            f"player {self.pos[0]} {self.pos[1]} . holes {holes} ."
+        )
+        paper = {"S": "_", "F": "_", "H": "O", "G": "G"}
+        on = {"H": "X", "G": "√"}
+        rows = []
+        for r, row in enumerate(self.desc):
+            cells = [
+                on.get(ch, "P") if (r, c) == self.pos else paper[ch] for c, ch in enumerate(row)
+            ]
+            rows.append(" ".join(cells))
+        return head + "\n" + "\n".join(rows)
 
     # ---- solver: value iteration (shortest path when not slippery) -------------------------
 
@@ -173,24 +215,46 @@ class FrozenLakeText(TextEnv):
             pos = self._move(pos, a)
         return plan
 
+    def solver_moves(self) -> list[str]:
+        """Up to ``max_actions_per_turn`` moves of the solver's plan as if nothing slips (the
+        second is chosen before the first's slip is seen)."""
+        room = self.max_steps - self.steps
+        return self._plan(min(self.max_actions_per_turn, room))[:] or [self.solver_action()]
+
     def legal_actions(self) -> list[str]:
         return list(MOVES)
 
     def random_action(self, rng: np.random.Generator) -> str:
         return MOVES[int(rng.integers(4))]
 
+    def holes_near(self) -> list[str]:
+        """The moves whose neighbouring cell is a hole, in ``MOVES`` order."""
+        near = []
+        for a, (dr, dc) in enumerate(_DELTA):
+            r, c = self.pos[0] + dr, self.pos[1] + dc
+            if 0 <= r < len(self.desc) and 0 <= c < len(self.desc[0]) and self.desc[r][c] == "H":
+                near.append(MOVES[a])
+        return near
+
+    def state_text(self) -> str:
+        """``i am at row 1 col 2 . goal at row 3 col 3``, and without the plan in the
+        scratchpad ``… . holes near : Left Up`` (or ``none``), all zero-indexed."""
+        gr, gc = self._find("G")[0]
+        text = f"i am at row {self.pos[0]} col {self.pos[1]} . goal at row {gr} col {gc}"
+        if not self.plan_in_reasoning:
+            text += f" . holes near : {' '.join(self.holes_near()) or 'none'}"
+        return text
+
     def reasoning(self) -> str:
-        gr, gc = next(
-            (r, c) for r, row in enumerate(self.desc) for c, ch in enumerate(row) if ch == "G"
-        )
-        return (
-            f"i am at row {self.pos[0]} col {self.pos[1]} . goal at row {gr} col {gc} . "
-            f"plan : {' '.join(self._plan())}"
-        )
+        if not self.plan_in_reasoning:
+            return self.state_text()
+        return f"{self.state_text()} . plan : {' '.join(self._plan())}"
 
     @classmethod
     def vocabulary(cls) -> list[str]:
-        return [*MOVES, "S", "F", "H", "G", "P", "i", "am", "at", "row", "col", "goal", "plan"]
+        words = [*MOVES, "S", "F", "H", "G", "P", "i", "am", "at", "row", "col", "goal", "plan"]
+        words += ["holes", "near", "none", "board", "x", "start", "player", ",", "_", "O", "X"]
+        return [*words, "√"]
 
 
 @TEXT_ENVS.register("frozenlake")

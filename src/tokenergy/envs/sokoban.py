@@ -113,10 +113,16 @@ class SokobanText(TextEnv):
         plan_in_reasoning: the solver's scratchpad ends with its plan (``plan : Right Up``);
             without it the scratchpad only describes the state, so the decision falls to the
             action tokens.
+        observation: ``grid`` (the room in the symbols above, row by row) or ``coords`` (the
+            zero-indexed positions of the player, every box and every target first, then
+            the grid).
+        strict_format: a turn not exactly ``<think>…</think> <answer>…</answer>`` is invalid.
     """
 
     name = "sokoban"
     instructions = "push every box X onto a target O . moves : Left Down Right Up"
+    plan_marker = "plan :"
+    OBSERVATIONS = ("grid", "coords")
 
     def __init__(
         self,
@@ -128,8 +134,11 @@ class SokobanText(TextEnv):
         max_actions_per_turn: int = 1,
         invalid_penalty: float = -0.1,
         plan_in_reasoning: bool = True,
+        observation: str = "grid",
+        strict_format: bool = False,
     ) -> None:
-        super().__init__(max_steps, max_actions_per_turn, invalid_penalty)
+        super().__init__(max_steps, max_actions_per_turn, invalid_penalty, strict_format)
+        self.observation_format = self.checked_observation(observation)
         self.plan_in_reasoning = plan_in_reasoning
         if level is None and size < 5:
             raise ValueError(f"sokoban: size must be >= 5, got {size}")
@@ -223,7 +232,10 @@ class SokobanText(TextEnv):
                 else:
                     row.append("O" if t else "_")
             rows.append(" ".join(row))
-        return "\n".join(rows)
+        grid = "\n".join(rows)
+        if self.observation_format == "coords":
+            return self.state_text() + " .\n" + grid
+        return grid
 
     # ---- solver ----------------------------------------------------------------------------
 
@@ -243,16 +255,22 @@ class SokobanText(TextEnv):
     def random_action(self, rng: np.random.Generator) -> str:
         return MOVES[int(rng.integers(4))]
 
-    def reasoning(self) -> str:
+    def state_text(self) -> str:
+        """``player row 2 col 3 . box row 3 col 3 . target row 4 col 2`` (zero-indexed; the
+        boxes not on a target, then the free targets, each sorted)."""
         loose = sorted(self.boxes - self.targets)
         empty = sorted(self.targets - self.boxes)
-        parts = [f"player row {self.player[0]} col {self.player[1]} ."]
-        parts += [f"box row {r} col {c} ." for r, c in loose]
-        parts += [f"target row {r} col {c} ." for r, c in empty]
-        if self.plan_in_reasoning:
-            plan = self.plan()
-            parts.append("plan : " + (" ".join(MOVES[a] for a in plan[:4]) if plan else "stuck"))
-        return " ".join(parts).rstrip(" .")
+        parts = [f"player row {self.player[0]} col {self.player[1]}"]
+        parts += [f"box row {r} col {c}" for r, c in loose]
+        parts += [f"target row {r} col {c}" for r, c in empty]
+        return " . ".join(parts)
+
+    def reasoning(self) -> str:
+        if not self.plan_in_reasoning:
+            return self.state_text()
+        plan = self.plan()
+        moves = " ".join(MOVES[a] for a in plan[:4]) if plan else "stuck"
+        return f"{self.state_text()} . plan : {moves}"
 
     @classmethod
     def vocabulary(cls) -> list[str]:

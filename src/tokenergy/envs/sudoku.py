@@ -55,6 +55,7 @@ class Sudoku4Text(TextEnv):
 
     name = "sudoku4"
     instructions = "fill the grid with 1 2 3 4 . move : row col value"
+    plan_marker = "fill"
 
     def __init__(
         self,
@@ -144,13 +145,20 @@ class Sudoku4Text(TextEnv):
         r, c, v = (int(x) for x in rng.integers(1, N + 1, size=3))
         return f"{r} {c} {v}"
 
-    def reasoning(self) -> str:
+    def state_text(self) -> str:
+        """``empty 5 . row 2 col 3 can be 1 4``: the empty cells, and the candidates of the
+        cell the solver fills next (the one with the fewest)."""
         if self.solved():
             return "solved"
         r, c = self._pick()
         cands = " ".join(str(v) for v in candidates(self.grid, r, c))
-        k = int((self.grid == 0).sum())
-        return f"empty {k} . row {r + 1} col {c + 1} can be {cands} . fill {self.solution[r, c]}"
+        return f"empty {int((self.grid == 0).sum())} . row {r + 1} col {c + 1} can be {cands}"
+
+    def reasoning(self) -> str:
+        if self.solved():
+            return "solved"
+        r, c = self._pick()
+        return f"{self.state_text()} . fill {self.solution[r, c]}"
 
     @classmethod
     def vocabulary(cls) -> list[str]:

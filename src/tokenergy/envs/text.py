@@ -11,6 +11,12 @@ it still counts against ``max_steps``. It never raises.
 Every env also carries a scripted solver (:meth:`TextEnv.solver_action`), the scratchpad a
 solver would write (:meth:`TextEnv.reasoning`, used for SFT data), its vocabulary (for the
 tokenizer) and ``clone()`` (for search).
+
+Perception: an env whose scratchpad opens with a description of the true state
+(:meth:`TextEnv.state_text`, in the solver's words) lets an evaluation score what the agent
+*says it sees*: :func:`stated_state` cuts the state part out of an agent turn (the reasoning up
+to the env's ``plan_marker``, or all of it) and :func:`state_match` compares it word by word
+with the truth.
 """
 
 from __future__ import annotations
@@ -32,9 +38,17 @@ __all__ = [
     "format_turn",
     "make",
     "split_actions",
+    "state_match",
+    "stated_state",
 ]
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_THINK = re.compile(r"<think>(.*?)(?:</think>|<answer>|$)", re.DOTALL)
+# A whole turn in the required structure, nothing before or after it (strict_format).
+_STRUCTURE = re.compile(
+    r"\s*<think>(?:(?!<think>|<answer>).)*</think>\s*<answer>(?:(?!<answer>|</answer>).)*</answer>\s*$",
+    re.DOTALL,
+)
 MAX_TURN_CHARS = 4096  # a longer turn is invalid without being parsed further
 
 
@@ -49,6 +63,39 @@ def extract_answer(text: str) -> str | None:
 def split_actions(answer: str) -> list[str]:
     """``"Up || Left"`` → ``["Up", "Left"]`` (whitespace normalised, empty parts kept as ``""``)."""
     return [" ".join(part.split()) for part in answer.split("||")]
+
+
+def stated_state(text: str, plan_marker: str | None) -> list[str]:
+    """The words of the state an agent turn describes: its ``<think>`` span (up to
+    ``</think>``, an ``<answer>`` or the end) cut before the first ``plan_marker``; no
+    ``<think>``, no words. ``"<think> player row 2 col 3 . plan : Up </think>"`` with the
+    marker ``"plan :"`` → ``["player", "row", "2", "col", "3"]``."""
+    if not isinstance(text, str):
+        return []
+    m = _THINK.search(text[:MAX_TURN_CHARS])
+    if m is None:
+        return []
+    words = m.group(1).split()
+    if plan_marker:
+        marker = plan_marker.split()
+        for i in range(len(words) - len(marker) + 1):
+            if words[i : i + len(marker)] == marker:
+                words = words[:i]
+                break
+    while words and words[-1] == ".":  # the separator before the plan
+        words.pop()
+    return words
+
+
+def state_match(said: list[str], truth: list[str]) -> tuple[bool, float]:
+    """``(exact, share)``: whether ``said`` is ``truth`` word for word, and the share of
+    positions where they agree, over the longer of the two (so missing and extra words both
+    count against it). Two empty descriptions agree exactly."""
+    n = max(len(said), len(truth))
+    if n == 0:
+        return True, 1.0
+    right = sum(a == b for a, b in zip(said, truth, strict=False))
+    return said == truth, right / n
 
 
 def format_turn(reasoning: str, actions: list[str]) -> str:
@@ -67,13 +114,21 @@ class TextEnv(abc.ABC):
         max_steps: moves (valid or not) before the episode is truncated.
         max_actions_per_turn: moves one turn may chain with ``||``.
         invalid_penalty: reward of an invalid turn.
+        strict_format: a turn that is not exactly ``<think>…</think> <answer>…</answer>``
+            (the ActFocus paper's format check) is invalid too, answer or not.
     """
 
     name: str = "text"
     instructions: str = ""
+    plan_marker: str | None = None  # where the plan starts in a scratchpad (perception)
+    OBSERVATIONS: tuple[str, ...] = ("grid",)  # the observation formats the env can write
 
     def __init__(
-        self, max_steps: int = 20, max_actions_per_turn: int = 1, invalid_penalty: float = -0.1
+        self,
+        max_steps: int = 20,
+        max_actions_per_turn: int = 1,
+        invalid_penalty: float = -0.1,
+        strict_format: bool = False,
     ) -> None:
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
@@ -82,6 +137,7 @@ class TextEnv(abc.ABC):
         self.max_steps = max_steps
         self.max_actions_per_turn = max_actions_per_turn
         self.invalid_penalty = float(invalid_penalty)
+        self.strict_format = bool(strict_format)
         self.steps = 0
         self.done = False
         self.rng = np.random.default_rng()
@@ -129,7 +185,23 @@ class TextEnv(abc.ABC):
 
     def solver_turn(self) -> str:
         """The solver's whole turn text for the current state."""
-        return format_turn(self.reasoning(), [self.solver_action()])
+        return format_turn(self.reasoning(), self.solver_moves())
+
+    def solver_moves(self) -> list[str]:
+        """The solver's moves for one turn: up to ``max_actions_per_turn`` of them, each the
+        solver's move after the ones before (played out on a clone), stopping where the
+        episode would end."""
+        moves = [self.solver_action()]
+        if self.max_actions_per_turn == 1:
+            return moves
+        twin = self.clone()
+        for _ in range(self.max_actions_per_turn - 1):
+            _, terminated = twin._apply(twin._parse(moves[-1]))
+            twin.steps += 1
+            if terminated or twin.steps >= self.max_steps:
+                break
+            moves.append(twin.solver_action())
+        return moves
 
     def follows_solver(self, text: str) -> bool:
         """Whether the first move of the turn ``text`` is the scripted solver's move in the
@@ -143,7 +215,35 @@ class TextEnv(abc.ABC):
 
     # ---- parsing ---------------------------------------------------------------------------
 
+    def checked_observation(self, observation: str) -> str:
+        """``observation`` if it is one of the env's ``OBSERVATIONS`` formats, else a
+        ``ValueError`` that lists them."""
+        if observation not in self.OBSERVATIONS:
+            raise ValueError(
+                f"{self.name}: observation must be one of {', '.join(self.OBSERVATIONS)}, "
+                f"got {observation!r}"
+            )
+        return observation
+
+    def state_text(self) -> str | None:
+        """The true state in the words the solver's scratchpad opens with (what an agent
+        that sees writes before its plan); ``None`` when the scratchpad has no state part."""
+        return None
+
+    def perceive(self, text: str) -> tuple[bool, float] | None:
+        """Score the state an agent turn ``text`` describes against the true state (ask
+        before :meth:`step`): :func:`state_match`'s ``(exact, share)``, or ``None`` when this
+        env has no state description."""
+        truth = self.state_text()
+        if truth is None:
+            return None
+        return state_match(stated_state(text, self.plan_marker), truth.split())
+
     def _moves(self, text: Any) -> list[Any] | None:
+        if self.strict_format and not (
+            isinstance(text, str) and len(text) <= MAX_TURN_CHARS and _STRUCTURE.match(text)
+        ):
+            return None
         answer = extract_answer(text) if isinstance(text, str) else None
         if not answer:
             return None

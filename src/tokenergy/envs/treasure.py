@@ -54,6 +54,7 @@ class TreasureHuntText(TextEnv):
 
     name = "treasure"
     instructions = "find the key , unlock the door and take the treasure"
+    plan_marker = "route :"
 
     def __init__(
         self,
@@ -208,13 +209,20 @@ class TreasureHuntText(TextEnv):
             return f"unlock {d}"
         return f"go {d}"
 
-    def reasoning(self) -> str:
+    def state_text(self) -> str:
+        """``key in kitchen``: what to get next and the room it is in (``done`` at the end)."""
         if self.treasure_taken:
             return "done"
         what, room = self._subgoal()
+        return f"{what} in {self.names[room]}"
+
+    def reasoning(self) -> str:
+        if self.treasure_taken:
+            return "done"
+        _, room = self._subgoal()
         path = self._path(room)
         route = " ".join(path) if path else "here"
-        return f"{what} in {self.names[room]} . route : {route}"
+        return f"{self.state_text()} . route : {route}"
 
     def random_action(self, rng: np.random.Generator) -> str:
         verbs = [f"go {d}" for d in DIRECTIONS] + [f"unlock {d}" for d in DIRECTIONS]

@@ -33,7 +33,7 @@ def decoder_for(policy: torch.nn.Module) -> LlamaDecoder | None:
     if os.environ.get("TOKENERGY_FAST_DECODE", "1") == "0":
         return None
     base = _base_model(policy)
-    if type(base).__name__ != "LlamaForCausalLM" or base.training:
+    if type(base).__name__ not in ("LlamaForCausalLM", "GridLlamaForCausalLM") or base.training:
         return None
     return LlamaDecoder(base)
 
@@ -54,6 +54,7 @@ class LlamaDecoder:
         self.model = model
         inner = model.model
         self.embed = inner.embed_tokens
+        self.grid = getattr(inner, "grid", None)  # a GridLlamaModel's row / column embeddings
         self.layers = list(inner.layers)
         self.norm = inner.norm
         self.rotary = inner.rotary_emb
@@ -81,14 +82,21 @@ class LlamaDecoder:
         attention_mask: torch.Tensor,
         position_ids: torch.Tensor,
         capacity: int | None = None,
+        grid_coords: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """Append ``input_ids`` (B, t) to the cache; return the last position's logits (B, V).
 
         The first call (the prompt) allocates a cache of ``capacity`` positions;
-        ``attention_mask`` (B, t) marks this call's real tokens (left padding is 0).
+        ``attention_mask`` (B, t) marks this call's real tokens (left padding is 0). A grid
+        model needs ``grid_coords`` (rows, cols), each (B, t), after the first call.
         """
         B, t = input_ids.shape
         h = self.embed(input_ids)
+        if self.grid is not None:
+            if grid_coords is None and self.length > 0:
+                raise ValueError("a grid model's decode step needs grid_coords")
+            rows, cols = grid_coords or self.grid.coordinates(input_ids)
+            h = h + self.grid(rows, cols)
         if self.length == 0:
             self._allocate(B, capacity or t, h)
         s0, s1 = self.length, self.length + t

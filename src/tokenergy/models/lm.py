@@ -94,8 +94,12 @@ MODEL_SIZES: dict[str, tuple[int, int, int, int]] = {
 }
 
 
-def _config(arch: str, size: str, vocab_size: int, tokenizer, max_positions: int):
+def _config(
+    arch: str, size: str, vocab_size: int, tokenizer, max_positions: int, grid: bool = False
+):
     from transformers import GPT2Config, LlamaConfig
+
+    from tokenergy.models.grid import GridLlamaConfig, grid_token_ids
 
     if size not in MODEL_SIZES:
         raise ValueError(f"model size {size!r}: choose from {', '.join(MODEL_SIZES)}")
@@ -105,8 +109,11 @@ def _config(arch: str, size: str, vocab_size: int, tokenizer, max_positions: int
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
+    if grid and arch != "llama":
+        raise ValueError("grid positions are built for the llama architecture only")
     if arch == "llama":
-        return LlamaConfig(
+        kind, extra = (GridLlamaConfig, grid_token_ids(tokenizer)) if grid else (LlamaConfig, {})
+        return kind(
             vocab_size=vocab_size,
             hidden_size=hidden,
             intermediate_size=inter,
@@ -116,6 +123,7 @@ def _config(arch: str, size: str, vocab_size: int, tokenizer, max_positions: int
             max_position_embeddings=max_positions,
             tie_word_embeddings=True,
             **ids,
+            **extra,
         )
     if arch == "gpt2":
         return GPT2Config(
@@ -221,12 +229,17 @@ def build_agent(
     tokenizer=None,
     max_positions: int = 2048,
     seed: int = 0,
+    grid: bool = False,
 ) -> AgentModel:
-    """A randomly initialised agent of a named size (``tiny``, ``small``, ``base``)."""
+    """A randomly initialised agent of a named size (``tiny``, ``small``, ``base``); with
+    ``grid`` (llama only) observation tokens also get row / column embeddings
+    (:mod:`tokenergy.models.grid`)."""
     from transformers import AutoModelForCausalLM
 
+    import tokenergy.models.grid  # noqa: F401  (registers the grid model with the Auto classes)
+
     tokenizer = tokenizer or build_tokenizer()
-    cfg = _config(arch, size, len(tokenizer), tokenizer, max_positions)
+    cfg = _config(arch, size, len(tokenizer), tokenizer, max_positions, grid)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         policy = AutoModelForCausalLM.from_config(cfg)
@@ -284,6 +297,8 @@ def freeze_lower_blocks(policy: torch.nn.Module, k: int) -> list[str]:
         frozen.append(emb)
     if hasattr(inner, "wpe"):
         frozen.append(inner.wpe)  # GPT-2's learned positions sit below the blocks too
+    if hasattr(inner, "grid"):
+        frozen.append(inner.grid)  # so do the grid model's row / column embeddings
     frozen_ids = {id(p) for m in frozen for p in m.parameters()}
     names = []
     for name, p in policy.named_parameters():
@@ -303,7 +318,7 @@ def agent_from_config(model_cfg, seed: int = 0) -> AgentModel:
     elif model_cfg.pretrained:
         agent = load_agent(PRETRAINED.get(model_cfg.pretrained)())
     else:
-        agent = build_agent(model_cfg.size, model_cfg.arch, seed=seed)
+        agent = build_agent(model_cfg.size, model_cfg.arch, seed=seed, grid=model_cfg.grid)
     if isinstance(agent.value_head, CriticModel) and model_cfg.critic == "shared":
         # the config decides: a folder saved with a separate critic (a PPO run's agent) starts
         # a shared-critic run (GRPO, say) without the critic's transformer, its head kept
@@ -353,6 +368,8 @@ def load_agent(folder: str | Path, dtype: torch.dtype = torch.float32) -> AgentM
             tokenizer — the message names the path.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import tokenergy.models.grid  # noqa: F401  (registers the grid model with the Auto classes)
 
     _quiet_transformers()
     folder = Path(folder)
