@@ -2,6 +2,8 @@
 and the ActFocus paper's env forms (coordinates observation, up to two moves a turn, the
 strict think/answer format, a scratchpad that states without planning)."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -21,6 +23,7 @@ DESCRIBED = [
     ("frozenlake", {"is_slippery": True}),
     ("frozenlake", {"observation": "coords", "plan_in_reasoning": False, "is_slippery": True}),
     ("sudoku4", {}),
+    ("sudoku4", {"observation": "candidates", "plan_in_reasoning": False}),
     ("treasure", {}),
 ]
 
@@ -206,3 +209,26 @@ def test_evaluation_cycles_through_fixed_maps():
 
     assert eval_seeds(5, 100, 2) == [100, 101, 100, 101, 100]  # the paper: 32 maps x 16
     assert eval_seeds(3, 100, 0) == [100, 101, 102]  # one map an episode
+
+
+def test_sudoku_lists_the_valid_digits_and_takes_comma_answers():
+    env = make("sudoku4", observation="candidates", plan_in_reasoning=False)
+    obs, _ = env.reset(seed=0)
+    grid, cells = obs.splitlines()[:4], obs.splitlines()[4:]
+    empty = [(r, c) for r in range(4) for c in range(4) if grid[r].split()[c] == "_"]
+    assert len(cells) == len(empty) == int((env.grid == 0).sum())
+    for line, (r, c) in zip(cells, empty, strict=True):
+        valid = [
+            v
+            for v in range(1, 5)
+            if env.clone().step(f"<answer> {r + 1} {c + 1} {v} </answer>")[4]["invalid"] is False
+        ]
+        assert line == f"row {r + 1} col {c + 1} can be " + " ".join(map(str, valid))
+    r, c = empty[0]
+    v = int(env.solution[r, c])
+    assert re.fullmatch(r"[1-4],[1-4],[1-4]", env.solver_action())  # the paper's answer form
+    for text in (f"{r + 1},{c + 1},{v}", f"{r + 1} , {c + 1} , {v}"):
+        twin = env.clone()
+        _, reward, *_, info = twin.step(f"<think> x </think> <answer> {text} </answer>")
+        assert reward == 1.0 and not info["invalid"]
+    assert "fill" not in env.solver_turn()

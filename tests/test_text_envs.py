@@ -22,7 +22,11 @@ ENV_ARGS = {
         {**PAPER, "is_slippery": True, "observation": "coords", "plan_in_reasoning": False},
     ],
     "sokoban": [{}, {"num_boxes": 2, "size": 7}, {**PAPER, "plan_in_reasoning": False}],
-    "sudoku4": [{}, {"num_holes": 10}],
+    "sudoku4": [
+        {},
+        {"num_holes": 10},
+        {"observation": "candidates", "plan_in_reasoning": False, "strict_format": True},
+    ],
     "tree_search": [{}, {"k": 3, "depth": 3, "goal": "zipf"}],
     "treasure": [{}, {"difficulty": 4}],
 }

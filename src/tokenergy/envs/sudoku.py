@@ -1,7 +1,10 @@
 """4x4 Sudoku as a text game: puzzles with a unique solution, one fill per move.
 
 The grid has 2x2 boxes; digits 1–4, ``_`` for an empty cell. A move is ``r c v`` (1-based row,
-column and value: ``2 3 4`` writes 4 in row 2, column 3). Rewards: ``+1`` for a fill that
+column and value: ``2 3 4`` writes 4 in row 2, column 3), or ``r,c,v`` as the ActFocus paper
+writes it. With ``observation="candidates"`` (the paper's form) the grid is followed by a line for
+every empty cell with the digits still valid there (``row 2 col 3 can be 1 4``) and the solver
+answers ``2,3,4``. Rewards: ``+1`` for a fill that
 matches the solution, ``wrong_penalty`` for one that does not (the cell stays empty), the
 invalid-turn penalty for an illegal move (a filled cell, out-of-range numbers, a digit already
 in the row, column or box). Solved when the grid is full.
@@ -51,11 +54,18 @@ class Sudoku4Text(TextEnv):
         max_actions_per_turn: fills one turn may chain (``1 1 2 || 1 2 3``).
         invalid_penalty: reward of an invalid turn.
         wrong_penalty: reward of a legal fill that is not the solution's digit.
+        observation: ``grid``, or ``candidates`` (the grid, then every empty cell's valid
+            digits).
+        plan_in_reasoning: the solver's scratchpad ends with the digit it fills (``fill 3``);
+            without it the scratchpad states the cell and its candidates, and the answer
+            decides.
+        strict_format: a turn not exactly ``<think>…</think> <answer>…</answer>`` is invalid.
     """
 
     name = "sudoku4"
     instructions = "fill the grid with 1 2 3 4 . move : row col value"
     plan_marker = "fill"
+    OBSERVATIONS = ("grid", "candidates")
 
     def __init__(
         self,
@@ -64,8 +74,13 @@ class Sudoku4Text(TextEnv):
         max_actions_per_turn: int = 1,
         invalid_penalty: float = -0.5,
         wrong_penalty: float = -0.5,
+        observation: str = "grid",
+        plan_in_reasoning: bool = True,
+        strict_format: bool = False,
     ) -> None:
-        super().__init__(max_steps, max_actions_per_turn, invalid_penalty)
+        super().__init__(max_steps, max_actions_per_turn, invalid_penalty, strict_format)
+        self.observation_format = self.checked_observation(observation)
+        self.plan_in_reasoning = plan_in_reasoning
         if not 1 <= num_holes <= 12:
             raise ValueError(f"sudoku4: num_holes must be in [1, 12], got {num_holes}")
         self.num_holes = num_holes
@@ -98,7 +113,7 @@ class Sudoku4Text(TextEnv):
         self.grid, self.solution = grid, sol
 
     def _parse(self, move: str) -> tuple[int, int, int] | None:
-        parts = move.split()
+        parts = move.replace(",", " ").split()  # "2 3 4", "2,3,4" and "2 , 3 , 4" alike
         if len(parts) != 3 or not all(p.isascii() and p.isdigit() for p in parts):
             return None
         r, c, v = (int(p) for p in parts)
@@ -122,28 +137,39 @@ class Sudoku4Text(TextEnv):
         return bool((self.grid != 0).all())
 
     def render(self) -> str:
-        return "\n".join(" ".join(str(v) if v else "_" for v in row) for row in self.grid)
+        rows = [" ".join(str(v) if v else "_" for v in row) for row in self.grid]
+        if self.observation_format == "candidates":
+            rows += [
+                f"row {r + 1} col {c + 1} can be {' '.join(map(str, candidates(self.grid, r, c)))}"
+                for r, c in np.argwhere(self.grid == 0).tolist()
+            ]
+        return "\n".join(rows)
 
     def _pick(self) -> tuple[int, int]:
         empty = np.argwhere(self.grid == 0).tolist()
         return tuple(min(empty, key=lambda rc: (len(candidates(self.grid, *rc)), rc)))
 
+    def _move_text(self, r: int, c: int, v: int) -> str:
+        """A fill in this env's answer form: ``2,3,4`` (candidates) or ``2 3 4``."""
+        sep = "," if self.observation_format == "candidates" else " "
+        return sep.join(str(x) for x in (r, c, v))
+
     def solver_action(self) -> str:
         if self.solved():
-            return "1 1 1"
+            return self._move_text(1, 1, 1)
         r, c = self._pick()
-        return f"{r + 1} {c + 1} {self.solution[r, c]}"
+        return self._move_text(r + 1, c + 1, int(self.solution[r, c]))
 
     def legal_actions(self) -> list[str]:
         return [
-            f"{r + 1} {c + 1} {v}"
+            self._move_text(r + 1, c + 1, v)
             for r, c in np.argwhere(self.grid == 0).tolist()
             for v in candidates(self.grid, r, c)
         ]
 
     def random_action(self, rng: np.random.Generator) -> str:
         r, c, v = (int(x) for x in rng.integers(1, N + 1, size=3))
-        return f"{r} {c} {v}"
+        return self._move_text(r, c, v)
 
     def state_text(self) -> str:
         """``empty 5 . row 2 col 3 can be 1 4``: the empty cells, and the candidates of the
@@ -155,8 +181,8 @@ class Sudoku4Text(TextEnv):
         return f"empty {int((self.grid == 0).sum())} . row {r + 1} col {c + 1} can be {cands}"
 
     def reasoning(self) -> str:
-        if self.solved():
-            return "solved"
+        if self.solved() or not self.plan_in_reasoning:
+            return self.state_text()
         r, c = self._pick()
         return f"{self.state_text()} . fill {self.solution[r, c]}"
 

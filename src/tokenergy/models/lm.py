@@ -55,7 +55,7 @@ class ModelLoadError(RuntimeError):
 def build_tokenizer(extra_words: list[str] | None = None):
     """A word-level ``PreTrainedTokenizerFast`` over the text envs' vocabulary.
 
-    Words are split on whitespace; tags (``<think>`` …) are matched anywhere, so
+    Words are split on whitespace and commas; tags (``<think>`` …) are matched anywhere, so
     ``<answer>Up</answer>`` is three tokens. Newlines become the token ``⏎``. The vocabulary
     is sorted, so the same envs always give the same ids.
 
@@ -80,7 +80,10 @@ def build_tokenizer(extra_words: list[str] | None = None):
     vocab = {tok: i for i, tok in enumerate([*specials, *sorted(words - set(specials))])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Replace("\n", f" {NEWLINE} ")
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    # commas are words of their own, so Sudoku's "2,3,4" is five known tokens
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(",", behavior="isolated")]
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
     fast.add_special_tokens({"additional_special_tokens": TAG_TOKENS})
     return fast
