@@ -98,3 +98,26 @@ def test_one_bad_entry_anywhere_is_caught():
             with torch.no_grad():
                 p.view(-1)[-1] = saved
             assert params_are_finite(model)
+
+
+def test_a_critic_clipped_apart_leaves_the_policy_step_whole():
+    """loss = 0.1·a + 100·b: together, clipping to norm 1 shrinks a's gradient 1000-fold; apart,
+    a keeps 0.1 and b is clipped to 1."""
+    from tokenergy.safety import guarded_step
+
+    def step(apart: bool) -> tuple[float, float, float]:
+        a, b = torch.zeros(1, requires_grad=True), torch.zeros(1, requires_grad=True)
+        model = torch.nn.ParameterList([a, b])
+        opt = torch.optim.SGD([a, b], lr=1.0)
+        norm = guarded_step(
+            0.1 * a.sum() + 100.0 * b.sum(), model, opt, [a, b], 1.0, Snapshot(model, opt),
+            clip_apart=[[a], [b]] if apart else None,
+        )  # fmt: skip
+        return -float(a), -float(b), float(norm)
+
+    a_step, b_step, norm = step(apart=False)
+    assert math.isclose(norm, math.hypot(0.1, 100.0), rel_tol=1e-6)
+    assert math.isclose(a_step, 0.1 / math.hypot(0.1, 100.0), rel_tol=1e-5)
+    a_step, b_step, norm = step(apart=True)
+    assert math.isclose(a_step, 0.1, rel_tol=1e-6) and math.isclose(b_step, 1.0, rel_tol=1e-6)
+    assert math.isclose(norm, 0.1, rel_tol=1e-6)  # the first group's (the policy's) norm

@@ -517,6 +517,12 @@ class AlgoConfig:
     kl_in: str = _f("reward", "where the KL goes: reward (per-token penalty) or loss")
     max_grad_norm: float = _f(1.0, "global gradient-norm clip")
     norm_adv: bool = _f(True, "whiten advantages over the trained tokens of the batch")
+    group_scale: str = _f(
+        "group",
+        "grpo: what divides an episode's return minus its group's mean: group (the group's "
+        "std, as GRPO), batch (the batch's std) or none. With group, a group that failed every "
+        "episode turns its small step-penalty differences into unit advantages",
+    )
     critic_warmup_iters: int = _f(
         0, "ppo: first RL iterations that train only the value head (the policy waits)"
     )
@@ -583,6 +589,11 @@ class AlgoConfig:
         )
         _check(
             self.kl_in in ("reward", "loss"), "kl_in", f"must be reward or loss, got {self.kl_in!r}"
+        )
+        _check(
+            self.group_scale in ("group", "batch", "none"),
+            "group_scale",
+            f"must be group, batch or none, got {self.group_scale!r}",
         )
         _in_range(self.max_grad_norm, "max_grad_norm", 0.0, None, lo_open=True)
         _in_range(self.critic_warmup_iters, "critic_warmup_iters", 0, None)

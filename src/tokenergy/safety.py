@@ -75,6 +75,7 @@ def guarded_step(
     snapshot: Snapshot,
     par: Parallel | None = None,
     share: float = 1.0,
+    clip_apart: list[list[torch.Tensor]] | None = None,
 ) -> torch.Tensor | None:
     """Backward, clip, and step, unless something is not finite.
 
@@ -83,15 +84,21 @@ def guarded_step(
     optimizer restored from ``snapshot``). With ``par`` (several data-parallel processes) the
     gradients are combined with this process's ``share`` of the minibatch before clipping,
     and a step is skipped everywhere when it is not finite anywhere.
+
+    ``clip_apart`` splits ``params`` into groups clipped each to ``max_grad_norm`` on its own
+    (a policy and a critic with a transformer of its own: the value loss's gradient, often tens
+    of times the policy's, would otherwise shrink the policy's step); the norm returned is the
+    first group's.
     """
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if par is not None:
         par.reduce_gradients(params, share)
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    finite = step_is_finite(loss, grad_norm)
+    groups = clip_apart or [params]
+    norms = [torch.nn.utils.clip_grad_norm_(g, max_grad_norm) for g in groups if g]
+    finite = step_is_finite(loss, torch.stack(norms).sum())  # any group's non-finite norm
     if par is not None:
-        finite = par.all_true(finite, grad_norm.device)
+        finite = par.all_true(finite, norms[0].device)
     if not finite:
         optimizer.zero_grad(set_to_none=True)
         return None
@@ -99,7 +106,7 @@ def guarded_step(
     if not params_are_finite(model):
         snapshot.restore(model, optimizer)
         return None
-    return grad_norm
+    return norms[0]
 
 
 # --------------------------------------------------------------------------- the envelope

@@ -109,7 +109,7 @@ def _grpo_advantages(
 ) -> AdvantageResult:
     # An episode's score is its total reward (the KL penalty included when it is a reward).
     per_episode = (rewards * traj.mask).sum(1)
-    adv = group_relative(per_episode, traj.groups, scale="group")
+    adv = group_relative(per_episode, traj.groups, scale=cfg.group_scale)
     return AdvantageResult(adv[:, None] * traj.mask, None)
 
 
@@ -564,7 +564,7 @@ def train_lm(
     multi-process run restores rank 0's random streams; the others start fresh ones.
     """
     from tokenergy.algos.ppo import resolve_device
-    from tokenergy.models.lm import agent_from_config, separate_critic
+    from tokenergy.models.lm import CriticModel, agent_from_config, separate_critic
 
     device = resolve_device(cfg.device)
     par = Parallel.from_env(device)
@@ -643,6 +643,8 @@ def train_lm(
     policy_params = [p for p in agent.policy.parameters() if p.requires_grad]
     head_params = list(agent.value_head.parameters())
     params = policy_params + head_params
+    # A critic with a transformer of its own has its gradient clipped apart from the policy's.
+    clip_apart = [policy_params, head_params] if isinstance(agent.value_head, CriticModel) else None
     opt = torch.optim.AdamW(
         [{"params": policy_params, "lr": a.lr}, {"params": head_params, "lr": a.value_lr}],
         weight_decay=0.0,
@@ -850,8 +852,9 @@ def train_lm(
                     loss = a.vf_coef * v_loss
                 share = par.token_share(mb_mask)
                 grad_norm = guarded_step(
-                    loss, agent, opt, params, a.max_grad_norm, snapshot, par=par, share=share
-                )
+                    loss, agent, opt, params, a.max_grad_norm, snapshot, par=par, share=share,
+                    clip_apart=clip_apart,
+                )  # fmt: skip
                 if grad_norm is None:
                     skipped_steps += 1
                     continue
