@@ -167,3 +167,18 @@ def test_whiten_and_masked_mean():
     # population std of {1,2,3} is sqrt(2/3)
     assert w[0, 2].item() == pytest.approx(1 / math.sqrt(2 / 3), rel=1e-5)
     assert masked_mean(x, torch.zeros_like(mask)).item() == 0.0
+
+
+def test_high_variance_groups_keeps_the_groups_whose_returns_vary_most():
+    from tokenergy.advantages import high_variance_groups
+
+    # group 0: all failed alike (std 0); group 1: std 5; group 2: std 0.5; group 3: std 5
+    returns = torch.tensor([-1.0, -1.0, 10.0, 0.0, 1.0, 0.0, 0.0, 10.0], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    kept = high_variance_groups(returns, groups, 0.25)  # one group of four: the first std-5 one
+    assert kept.tolist() == [False, False, True, True, False, False, False, False]
+    kept = high_variance_groups(returns, groups, 0.5)
+    assert kept.tolist() == [False, False, True, True, False, False, True, True]
+    assert high_variance_groups(returns, groups, 1.0).all()
+    # at least one group, however small the share
+    assert high_variance_groups(returns, groups, 0.01).sum() == 2

@@ -480,3 +480,14 @@ def test_same_seed_same_run(tmp_path, algo):
             [{n: v for n, v in json.loads(x).items() if not n.startswith("perf/")} for x in lines]
         )
     assert rows[0] == rows[1] and len(rows[0]) > 3
+
+
+def test_reward_variance_filter_trains_on_the_kept_groups(tmp_path):
+    from tokenergy.runs import Run
+
+    cfg = tiny_cfg(**{"algo.name": "grpo", "rollout.episodes": 8, "rollout.group_size": 2,
+                      "rollout.keep_groups": 0.5, "algo.ent_coef": 0.01})  # fmt: skip
+    with Run(tmp_path / "f", cfg) as run:
+        result = train_lm(cfg, run, agent=build_agent("tiny", seed=0))
+    assert result.history[-1]["rollout/trained_episodes"] == 4  # 2 of the 4 groups
+    assert result.history[-1]["train/episodes"] == 8

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -9,7 +10,7 @@ import torch
 # masked_mean and whiten are re-exported so the math of this stage reads from one module.
 from tokenergy.ops import masked_mean, whiten
 
-__all__ = ["gae", "group_relative", "masked_mean", "token_gae", "whiten"]
+__all__ = ["gae", "group_relative", "high_variance_groups", "masked_mean", "token_gae", "whiten"]
 
 
 @torch.no_grad()
@@ -107,6 +108,36 @@ def group_relative(
 
 
 @torch.no_grad()
+def high_variance_groups(returns: torch.Tensor, groups: torch.Tensor, keep: float) -> torch.Tensor:
+    """StarPO-S's reward-variance filter (RAGEN, Wang et al., 2025, arXiv:2504.20073): the
+    episodes of the ``ceil(keep * n_groups)`` groups whose returns have the largest standard
+    deviation. A group whose episodes all scored alike teaches nothing relative to itself.
+
+    Args:
+        returns: ``[N]`` episode returns.
+        groups: ``[N]`` int64 group ids (episodes of one env seed share one).
+        keep: share of the groups to keep, in ``(0, 1]``.
+
+    Returns:
+        ``[N]`` bool, the kept episodes. Ties keep the group seen first.
+    """
+    ids, inverse = torch.unique(groups, return_inverse=True)
+    n = len(ids)
+    mean = torch.zeros(n, dtype=returns.dtype).index_add_(0, inverse, returns)
+    count = torch.bincount(inverse, minlength=n).to(returns.dtype)
+    mean = mean / count
+    sq = torch.zeros(n, dtype=returns.dtype).index_add_(0, inverse, (returns - mean[inverse]) ** 2)
+    std = (sq / count).sqrt()  # population std: a group of one has 0
+    k = max(1, math.ceil(keep * n - 1e-9))
+    first_seen = torch.full((n,), len(groups), dtype=torch.long).scatter_reduce(
+        0, inverse, torch.arange(len(groups)), reduce="amin"
+    )
+    order = sorted(range(n), key=lambda g: (-float(std[g]), int(first_seen[g])))
+    kept = torch.zeros(n, dtype=torch.bool)
+    kept[order[:k]] = True
+    return kept[inverse]
+
+
 def token_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,

@@ -468,6 +468,11 @@ class RolloutConfig:
         "e.g. 0.25 adds 8 to a batch of 32; 0 turns it off",
     )
     replay_size: int = _f(256, "success replay: the most recent successes kept")
+    keep_groups: float = _f(
+        1.0,
+        "reward-variance filter (StarPO-S, the ActFocus paper's protocol: 0.25): train on "
+        "this share of the env-seed groups, those whose episodes' returns vary most; 1 keeps all",
+    )
     curiosity_coef: float = _f(
         0.0,
         "curiosity bonus: reward each turn with this times the surprise (mean NLL) of the "
@@ -478,6 +483,7 @@ class RolloutConfig:
         _in_range(self.episodes, "episodes", 1, None)
         _in_range(self.replay_ratio, "replay_ratio", 0.0, 4.0)
         _in_range(self.replay_size, "replay_size", 1, None)
+        _in_range(self.keep_groups, "keep_groups", 0.0, 1.0, lo_open=True)
         _in_range(self.curiosity_coef, "curiosity_coef", 0.0, None)
         _in_range(self.group_size, "group_size", 1, None)
         _in_range(self.temperature, "temperature", 0.0, None, lo_open=True)

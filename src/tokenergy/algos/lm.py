@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenergy.advantages import group_relative, token_gae
+from tokenergy.advantages import group_relative, high_variance_groups, token_gae
 from tokenergy.config import LMRunConfig
 from tokenergy.distributed import Parallel
 from tokenergy.energy import energy_prior_kl
@@ -709,10 +709,18 @@ def train_lm(
         fresh = run_episodes(agent, curriculum.config(), seeds, generator=gen, groups=groups)
         episodes_done += fresh.batch_size * par.world
         traj, replayed = fresh, 0
+        if cfg.rollout.keep_groups < 1.0:  # StarPO-S: train on the groups whose returns vary
+            kept = high_variance_groups(
+                torch.tensor([e.episode_return for e in fresh.episodes], dtype=torch.float64),
+                torch.tensor([e.group for e in fresh.episodes]),
+                cfg.rollout.keep_groups,
+            )
+            traj = collate([e for e, k in zip(fresh.episodes, kept.tolist(), strict=True) if k],
+                           tok.pad_token_id)  # fmt: skip
         if n_replay and replay:  # success replay: earlier successes join the batch
             picks = torch.randint(len(replay), (min(n_replay, len(replay)),), generator=gen)
             old = [replay[int(i)] for i in picks]
-            traj, replayed = collate(fresh.episodes + old, tok.pad_token_id), len(old)
+            traj, replayed = collate(traj.episodes + old, tok.pad_token_id), len(old)
         if n_replay:
             replay.extend(e for e in fresh.episodes if e.success)
         t_rollout = time.perf_counter() - t0
@@ -766,7 +774,7 @@ def train_lm(
         snapshot = Snapshot(agent, opt)  # the last good state, for a rollback
         sums: dict[str, float] = {}
         n_updates = 0
-        mb_size = traj.batch_size // a.minibatches
+        mb_size = max(1, traj.batch_size // a.minibatches)
         for _epoch in range(a.epochs):
             perm = torch.randperm(traj.batch_size, generator=gen)
             for start in range(0, traj.batch_size, mb_size):
@@ -893,6 +901,7 @@ def train_lm(
             "adv/std": float(masked_var(advantages, mask).sqrt()),
             **_episode_stats(fresh, "rollout"),  # the new episodes (replayed ones excluded)
             "rollout/replayed": replayed,
+            "rollout/trained_episodes": traj.batch_size,
             "train/clip_eps": clip_eps,
             "train/ent_coef": ent_coef,
             "train/curriculum_level": curriculum.level,
