@@ -1,4 +1,5 @@
-"""Shared helpers of the benchmark scripts: machine description and RESULTS.md appends."""
+"""Shared helpers of the benchmark scripts: machine description, RESULTS.md appends, and
+running a ``tokenergy`` command with its output in a log."""
 
 from __future__ import annotations
 
@@ -6,10 +7,33 @@ import datetime as dt
 import os
 import platform
 import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tokenergy() -> list[str]:
+    """The command prefix that runs this checkout's CLI with this interpreter."""
+    return [sys.executable, "-m", "tokenergy.cli"]
+
+
+def run_logged(cmd: list[str], log: Path) -> float:
+    """Run ``cmd`` (one torch thread) with its output in ``log``; print it as it starts, raise
+    on failure, write its wall seconds to ``log`` + ``.seconds`` and return them."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    print("$ tokenergy " + " ".join(shlex.quote(c) for c in cmd[3:]), flush=True)
+    t0 = time.perf_counter()
+    with open(log, "w") as f:
+        res = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    if res.returncode != 0:
+        raise RuntimeError(f"failed ({res.returncode}); see {log}")
+    seconds = time.perf_counter() - t0
+    Path(f"{log}.seconds").write_text(f"{seconds:.1f}\n")
+    return seconds
 
 
 def machine() -> str:

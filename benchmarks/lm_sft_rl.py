@@ -15,31 +15,20 @@ from __future__ import annotations
 import argparse
 import concurrent.futures as cf
 import json
-import os
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine
-
-ROOT = Path(__file__).resolve().parent.parent
+from _common import machine, run_logged, tokenergy
 
 
-def tokenergy() -> list[str]:
-    return [sys.executable, "-m", "tokenergy.cli"]
-
-
-def run(cmd: list[str], log: Path) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    print("$ tokenergy " + " ".join(shlex.quote(c) for c in cmd[3:]), flush=True)
-    with open(log, "w") as f:
-        res = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    if res.returncode != 0:
-        raise RuntimeError(f"failed ({res.returncode}); see {log}")
+def minutes(run_dir: Path) -> float:
+    """Wall minutes of the training command that made ``run_dir`` (NaN when not recorded)."""
+    path = Path(f"{run_dir.with_suffix('.log')}.seconds")
+    return float(path.read_text()) / 60 if path.is_file() else float("nan")
 
 
 Job = tuple[list[str], Path]
@@ -57,9 +46,9 @@ def run_all(first: list[Job], then: dict[int, list[Job]], n: int, resume: bool =
     with cf.ThreadPoolExecutor(n) as pool:
         # All of ``first`` is queued before any job that waits on it, so a waiting job only ever
         # holds a slot while the job it waits for runs in another: no deadlock.
-        pre = [pool.submit(lambda j=j: None if done(j) else run(*j)) for j in first]
+        pre = [pool.submit(lambda j=j: None if done(j) else run_logged(*j)) for j in first]
         post = [
-            pool.submit(lambda i=i, j=j: (pre[i].result(), None if done(j) else run(*j)))
+            pool.submit(lambda i=i, j=j: (pre[i].result(), None if done(j) else run_logged(*j)))
             for i, jobs in then.items()
             for j in jobs
         ]
@@ -85,20 +74,21 @@ def greedy_success(run_dir: Path, episodes: int, reuse: bool) -> float:
         if all(stored.get("settings", {}).get(k) == v for k, v in want.items()):
             return stored["eval/success"]
     cmd = [*tokenergy(), "eval", str(run_dir), "--temperature", "0", "--episodes", str(episodes)]
-    run(cmd, run_dir.with_suffix(".eval.log"))
+    run_logged(cmd, run_dir.with_suffix(".eval.log"))
     return json.loads(path.read_text())["eval/success"]
 
 
 def solver_success(run_dir: Path) -> float:
     """The scripted solver's success on the run's held-out env seeds (the reference ceiling)."""
+    from tokenergy.algos.lm import eval_seeds
     from tokenergy.config import load_config
     from tokenergy.envs import make
 
     cfg = load_config(run_dir / "config.yaml")
     wins = 0
-    for k in range(cfg.eval.episodes):
+    for seed in eval_seeds(cfg.eval.episodes, cfg.eval.seed_offset, cfg.eval.maps):
         env = make(cfg.env.name, **cfg.env.kwargs)
-        env.reset(seed=cfg.eval.seed_offset + k)
+        env.reset(seed=seed)
         for _ in range(cfg.env.max_turns):
             *_, term, trunc, info = env.step(env.solver_turn())
             if term or trunc:
@@ -186,32 +176,43 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     lines = [
-        "| env | algo | success after SFT | after RL | Δ (mean ± std over seeds) | seeds improved "
-        "| greedy: after SFT | greedy: after RL | scripted solver |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| env | algo | after SFT | final | peak | Δ final (mean ± std over seeds) | seeds "
+        "improved | gap to the solver closed (final) | greedy: after SFT | greedy: final | "
+        "scripted solver | SFT / RL minutes |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     per_seed = []
     fig, axes = plt.subplots(1, len(a.envs), figsize=(5 * len(a.envs), 3.6), squeeze=False)
     for ax, env in zip(axes[0], a.envs, strict=True):
+        solver = solver_success(out / env / a.algos[0] / "seed_0")
         for algo, color in zip(a.algos, ["tab:blue", "tab:orange", "tab:green"], strict=False):
-            before, after = [], []
+            before, after, peak = [], [], []
             curves = []
             for s in range(a.seeds):
                 ev = evals(out / env / algo / f"seed_{s}")
                 before.append(ev[0][1])
                 after.append(ev[-1][1])
+                peak.append(max(v for _, v in ev))
                 curves.append(ev)
                 per_seed.append(
                     f"- {env} {algo} seed {s}: " + ", ".join(f"{it}: {v:.3f}" for it, v in ev)
                 )
             deltas = [y - x for x, y in zip(before, after, strict=True)]
             better = sum(d > 0 for d in deltas)
+            closed = [d / max(solver - x, 1e-9) for d, x in zip(deltas, before, strict=True)]
             g_before = [greedy[out / env / "sft" / f"seed_{s}"] for s in range(a.seeds)]
             g_after = [greedy[out / env / algo / f"seed_{s}"] for s in range(a.seeds)]
+            sft_min = statistics.mean(
+                minutes(out / env / "sft" / f"seed_{s}") for s in range(a.seeds)
+            )
+            rl_min = statistics.mean(
+                minutes(out / env / algo / f"seed_{s}") for s in range(a.seeds)
+            )
             lines.append(
                 f"| {env} | {algo} | {mean_std(before)} | {mean_std(after)} | "
-                f"{mean_std(deltas)} | {better}/{a.seeds} | {mean_std(g_before)} | "
-                f"{mean_std(g_after)} | {solver_success(out / env / algo / 'seed_0'):.3f} |"
+                f"{mean_std(peak)} | {mean_std(deltas)} | {better}/{a.seeds} | "
+                f"{mean_std(closed)} | {mean_std(g_before)} | {mean_std(g_after)} | "
+                f"{solver:.3f} | {sft_min:.0f} / {rl_min:.0f} |"
             )
             its = [it for it, _ in curves[0]]
             ys = [[v - c[0][1] for _, v in c] for c in curves]  # change from the SFT start

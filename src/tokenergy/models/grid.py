@@ -1,11 +1,13 @@
 """Row and column embeddings for the grid tokens of text observations.
 
-A ``tiny`` Llama agent with rotary positions does not learn to say *where* the ``P`` of a
-Sokoban room is: the position of a token reaches attention only through the query-key
-product, never through the values, so copying "row 2 col 3" out of a grid needs counting
-newlines. Adding a learned embedding of each observation token's row and column to its token
-embedding puts the coordinates into the value that attention copies (as 2-D position
-embeddings do in vision transformers).
+With rotary positions a token's position reaches attention only through the query-key
+product, never through the values, so to say *where* the ``P`` of a Sokoban room is a model
+must count newlines and cells. Adding a learned embedding of each observation token's row and
+column to its token embedding puts the coordinates into the value that attention copies (as
+2-D position embeddings do in vision transformers). Measured on the ``tiny`` Sokoban agent
+after 4096 demonstrations (docs/results/perception.md, one seed): the room stated exactly on
+0.951 of the turns with them, 0.937 without, success 0.707 against 0.607; on FrozenLake's
+coordinates observation, which spells positions out, they do not help.
 
 Coordinates are a causal function of the token ids alone, so the model computes them itself
 in every forward pass (SFT, scoring, the update, a critic) and a decoder step needs only the
