@@ -188,8 +188,10 @@ def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path
     assert rl_one["rollout/agent_tokens_std"] > 0
     assert rl_two["rollout/agent_tokens"] == pytest.approx(rl_one["rollout/agent_tokens"])
     # The pre-clip norm of the combined gradient is the single process's, up to float32 sums
-    # taken in another order (measured: 3.4e-5 relative on one machine, less on others).
-    assert rl_two["train/grad_norm"] == pytest.approx(rl_one["train/grad_norm"], rel=2e-4)
+    # taken in another order. It is the policy's own norm (a separate critic is clipped apart),
+    # ~0.3 where the joint one was ~10, so the same absolute noise is a larger share of it
+    # (measured: 2.2e-4 relative; 3.4e-5 for the joint norm).
+    assert rl_two["train/grad_norm"] == pytest.approx(rl_one["train/grad_norm"], rel=1e-3)
     assert rl_two["rollout/return"] == pytest.approx(rl_one["rollout/return"], abs=1e-6)
     # The weights moved the same way from the common start (base/agent): the two updates
     # differ by float noise only (Adam's first steps blow a near-zero gradient up to a full
