@@ -75,6 +75,18 @@ def test_overrides_dashes_types_and_sections():
         apply_overrides(cfg, {"sed": 1})
 
 
+def test_overrides_reach_into_env_kwargs():
+    from tokenergy.config import load_config
+
+    cfg = load_config("configs/sokoban-ppo.yaml")
+    cfg = apply_overrides(cfg, parse_override_args(["--env.kwargs.observation", "coords"]))
+    assert cfg.env.kwargs["observation"] == "coords" and cfg.env.kwargs["size"] == 6  # kept
+    with pytest.raises(ConfigError, match=r"^env.kwargs: sokoban: observation must be one of"):
+        apply_overrides(cfg, {"env.kwargs.observation": "pixels"})
+    with pytest.raises(ConfigError, match="unexpected keyword argument 'colour'"):
+        apply_overrides(cfg, {"env.kwargs.colour": "red"})
+
+
 def test_parse_override_args():
     args = [
         "--ppo.clip-eps",

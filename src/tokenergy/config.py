@@ -343,7 +343,10 @@ class TextEnvConfig:
         try:
             TEXT_ENVS.get(self.name)(**self.kwargs)
         except (TypeError, ValueError) as err:
-            raise ConfigError("kwargs", f"{self.name}: {err}") from None
+            said = str(err)  # most envs name themselves in their errors already
+            raise ConfigError(
+                "kwargs", said if said.startswith(f"{self.name}:") else f"{self.name}: {said}"
+            ) from None
         _in_range(self.max_turns, "max_turns", 1, None)
         if self.curriculum_kwarg is not None:
             _check(
@@ -1303,8 +1306,9 @@ def config_to_dict(cfg: Any) -> dict:
 def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
     """Return a new config with dotted-path overrides applied (``{"ppo.clip_eps": 0.1}``).
 
-    Dashes in names are accepted for underscores (``ppo.clip-eps``). The result is validated
-    as a whole, so incompatible combinations are caught too.
+    Dashes in names are accepted for underscores (``ppo.clip-eps``). A path that goes on past a
+    dict field sets one key of it (``env.kwargs.observation``), keeping the others. The result
+    is validated as a whole, so incompatible combinations are caught too.
     """
     data = config_to_dict(cfg)
     env = data.get("env")
@@ -1326,6 +1330,9 @@ def apply_overrides(cfg: Any, overrides: dict[str, Any]) -> Any:
             if part not in names:
                 raise _unknown_key(part, names, parent_path)
             tp = typing.get_type_hints(cls)[part]
+            if tp is dict and i < len(parts) - 1:  # a key inside a dict field (env.kwargs.size)
+                node.setdefault(part, {})[".".join(parts[i + 1 :])] = value
+                break
             if i == len(parts) - 1:
                 if dataclasses.is_dataclass(tp):
                     raise ConfigError(
