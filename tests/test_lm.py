@@ -430,6 +430,16 @@ def test_lm_config_errors_name_the_field():
         tiny_cfg(**{"model.critic": "own"})
     with pytest.raises(ConfigError, match=r"model.critic: only ppo .*not reinforce"):
         tiny_cfg(**{"model.critic": "separate", "algo.name": "reinforce"})
+    with pytest.raises(ConfigError, match=r"algo.loss_normalize: must be mask or weights"):
+        tiny_cfg(**{"algo.loss_normalize": "tokens"})
+    with pytest.raises(ConfigError, match=r"algo.group_scale: must be group, batch or none"):
+        tiny_cfg(**{"algo.group_scale": "std"})
+    with pytest.raises(ConfigError, match=r"rollout.keep_groups"):
+        tiny_cfg(**{"rollout.keep_groups": 0.0})
+    with pytest.raises(ConfigError, match=r"eval.maps"):
+        tiny_cfg(**{"eval.maps": -1})
+    with pytest.raises(ConfigError, match=r"model.grid: row / column embeddings are built for"):
+        tiny_cfg(**{"model.grid": True, "model.arch": "gpt2"})
 
 
 def test_every_logged_metric_is_documented(tmp_path):

@@ -32,6 +32,20 @@ def test_weights_and_mask():
     loss, _ = ppo_policy_loss(logp, logp.clone(), adv, mask, 0.2, weights=w)
     # sum(mask * w * -A) / sum(mask) = (-2 - 0 - 3) / 3
     assert loss.item() == pytest.approx(-5 / 3)
+    # the paper's normalisation: / sum(mask * w) = (-2 - 0 - 3) / (2 + 0 + 1) (here as many as
+    # the tokens); the masked token's weight 5 counts in neither sum
+    loss, _ = ppo_policy_loss(logp, logp.clone(), adv, mask, 0.2, weights=w, normalize="weights")
+    assert loss.item() == pytest.approx(-5 / 3)
+    w2 = torch.tensor([[0.5, 1.5, 3.0, 5.0]])
+    loss, _ = ppo_policy_loss(logp, logp.clone(), adv, mask, 0.2, weights=w2, normalize="weights")
+    assert loss.item() == pytest.approx((-0.5 - 3.0 - 9.0) / 5.0)
+    # uniform weights: both normalisations are the token mean
+    ones = torch.ones(1, 4)
+    a, _ = ppo_policy_loss(logp, logp.clone(), adv, mask, 0.2, weights=ones, normalize="weights")
+    b, _ = ppo_policy_loss(logp, logp.clone(), adv, mask, 0.2)
+    assert a.item() == pytest.approx(b.item()) == pytest.approx(-2.0)
+    with pytest.raises(ValueError, match="normalize must be"):
+        ppo_policy_loss(logp, logp.clone(), adv, mask, 0.2, normalize="tokens")
 
 
 def test_masked_tokens_get_exactly_zero_gradient():

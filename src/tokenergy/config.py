@@ -526,6 +526,11 @@ class AlgoConfig:
     kl_in: str = _f("reward", "where the KL goes: reward (per-token penalty) or loss")
     max_grad_norm: float = _f(1.0, "global gradient-norm clip")
     norm_adv: bool = _f(True, "whiten advantages over the trained tokens of the batch")
+    loss_normalize: str = _f(
+        "mask",
+        "what the weighted policy loss is divided by: mask (the trained tokens' count) or "
+        "weights (the sum of their weights, as the ActFocus paper)",
+    )
     group_scale: str = _f(
         "group",
         "grpo: what divides an episode's return minus its group's mean: group (the group's "
@@ -598,6 +603,11 @@ class AlgoConfig:
         )
         _check(
             self.kl_in in ("reward", "loss"), "kl_in", f"must be reward or loss, got {self.kl_in!r}"
+        )
+        _check(
+            self.loss_normalize in ("mask", "weights"),
+            "loss_normalize",
+            f"must be mask or weights, got {self.loss_normalize!r}",
         )
         _check(
             self.group_scale in ("group", "batch", "none"),

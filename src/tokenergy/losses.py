@@ -23,14 +23,18 @@ def ppo_policy_loss(
     clip_eps: float,
     weights: torch.Tensor | None = None,
     clip_eps_high: float | None = None,
+    normalize: str = "mask",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped surrogate objective of PPO (Schulman et al., 2017, arXiv:1707.06347), per token.
 
     ``ratio_t = exp(logprobs_t - old_logprobs_t)``,
-    ``l_t = max(-A_t * ratio_t, -A_t * clip(ratio_t, 1 - eps, 1 + eps_high))``,
-    ``loss = sum(mask * w * l) / sum(mask)``. Weights rescale each token's share of the
-    gradient (energy weighting, ActFocus) but not the normaliser, so a weighting whose mean is
-    1 keeps the loss scale. ``clip_eps_high`` gives the asymmetric "clip-higher" range of DAPO.
+    ``l_t = max(-A_t * ratio_t, -A_t * clip(ratio_t, 1 - eps, 1 + eps_high))``, and
+    ``loss = sum(mask * w * l) / sum(mask)`` (``normalize="mask"``): weights rescale each
+    token's share of the gradient (energy weighting) but not the normaliser, so a weighting
+    whose mean is 1 keeps the loss scale. ``normalize="weights"`` divides by
+    ``sum(mask * w)`` instead, as the ActFocus paper (He et al., arXiv:2605.14558) does, so the
+    weights decide where the gradient goes and not how large the loss is. ``clip_eps_high``
+    gives the asymmetric "clip-higher" range of DAPO.
 
     Args:
         logprobs: ``[B, T]`` log π_θ(a_t | s_t), with gradient.
@@ -40,12 +44,17 @@ def ppo_policy_loss(
         clip_eps: lower (and, by default, upper) clip range ε.
         weights: ``[B, T]`` per-token weights, treated as constants; ``None`` means 1.
         clip_eps_high: upper clip range; ``None`` means ``clip_eps``.
+        normalize: ``"mask"`` or ``"weights"``: what the weighted sum is divided by.
 
     Returns:
         ``(loss, metrics)`` with ``policy_loss``, ``clipfrac`` (share of masked tokens whose
         ratio lies outside the clip range), ``approx_kl`` (k3 estimator of KL(old‖new):
         mean of ``(ratio - 1) - log ratio``), ``ratio_mean`` and ``ratio_max``.
     """
+    if normalize not in ("mask", "weights"):
+        raise ValueError(
+            f"ppo_policy_loss: normalize must be 'mask' or 'weights', got {normalize!r}"
+        )
     eps_high = clip_eps if clip_eps_high is None else clip_eps_high
     mask_f = mask.to(logprobs.dtype)
     log_ratio = logprobs - old_logprobs.detach()
@@ -55,7 +64,8 @@ def ppo_policy_loss(
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + eps_high)
     per_token = torch.maximum(unclipped, clipped)  # (B, T)
     w = mask_f if weights is None else mask_f * weights.detach()
-    loss = (w * per_token).sum() / mask_f.sum().clamp(min=1.0)
+    denom = w.sum() if normalize == "weights" else mask_f.sum()
+    loss = (w * per_token).sum() / denom.clamp(min=1e-8 if normalize == "weights" else 1.0)
     with torch.no_grad():
         outside = (ratio < 1.0 - clip_eps) | (ratio > 1.0 + eps_high)
         masked_ratio = torch.where(mask.bool(), ratio, torch.zeros_like(ratio))

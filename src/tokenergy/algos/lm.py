@@ -807,6 +807,7 @@ def train_lm(
                     clip_eps,
                     weights=None if weights is None else weights[idx, cols].to(device),
                     clip_eps_high=a.clip_eps_high,
+                    normalize=a.loss_normalize,
                 )
                 loss = pg_loss
                 metrics = dict(pg_m)
