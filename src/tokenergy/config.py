@@ -654,8 +654,9 @@ class TokenEnergyConfig:
 
     source: str = _f(
         "ref_surprisal",
-        "token energy source: ref_surprisal, surprisal, entropy, free_energy, kl_ref, "
-        "ngram_repeat, discriminator, advantage, uncertainty",
+        "token energy source: ref_surprisal, surprisal, entropy, free_energy, "
+        "ref_free_energy (the ActFocus paper's: -logsumexp of the frozen reference's logits), "
+        "kl_ref, ngram_repeat, discriminator, advantage, uncertainty",
     )
     weighting: str = _f(
         "none", "loss weighting: none, actfocus, bottleneck (z-score) or top_entropy"
@@ -733,7 +734,7 @@ class TokenEnergyConfig:
 
     @property
     def reads_reference(self) -> bool:
-        return self.source in ("ref_surprisal", "kl_ref")
+        return self.source in ("ref_surprisal", "kl_ref", "ref_free_energy")
 
     @property
     def needs_reference(self) -> bool:

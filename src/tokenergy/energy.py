@@ -450,6 +450,7 @@ class TokenEnergyInputs:
     entropy: torch.Tensor | None = None  # H(π_θ(·|s_t))
     free_energy: torch.Tensor | None = None  # -logsumexp(logits_t)
     kl_ref: torch.Tensor | None = None  # exact KL(π_θ‖π_ref)(s_t)
+    ref_free_energy: torch.Tensor | None = None  # -logsumexp(ref_logits_t)
     advantages: torch.Tensor | None = None  # whitened advantages
     learned: Any = None  # a learned energy model (discriminator, ensemble) with .energy(inputs)
 
@@ -486,6 +487,12 @@ def _token_entropy(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
 @TOKEN_ENERGIES.register("free_energy")
 def _token_free_energy(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
     return _needs(inputs, "free_energy", "free_energy")
+
+
+@TOKEN_ENERGIES.register("ref_free_energy")
+def _token_ref_free_energy(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    """The ActFocus paper's energy: ``E_t = -logsumexp_v f_ref[t, v]`` of the frozen reference."""
+    return _needs(inputs, "ref_free_energy", "ref_free_energy", " (a frozen reference)")
 
 
 @TOKEN_ENERGIES.register("kl_ref")

@@ -440,6 +440,7 @@ class Scored:
     entropy: torch.Tensor  # (B, T) policy entropy at each token's position
     free_energy: torch.Tensor | None = None  # (B, T) -logsumexp of the policy logits there
     kl_ref: torch.Tensor | None = None  # (B, T) exact KL(π_θ‖π_ref) there, with a reference
+    ref_free_energy: torch.Tensor | None = None  # (B, T) -logsumexp of the reference's logits
     logits: torch.Tensor | None = None  # (B, T, V) shifted like logprobs, when kept
 
 
@@ -455,12 +456,25 @@ def score(
     """One full forward pass (in chunks of ``batch_size`` rows) of the agent and the reference.
 
     Besides what the update needs it keeps the entropy and, when ``extras`` names them, the
-    other per-token quantities energy sources read: ``free_energy`` and ``kl_ref`` (the exact
-    KL to the reference, a second softmax over the vocabulary), all shifted to the chosen token.
+    other per-token quantities energy sources read: ``free_energy``, ``ref_free_energy`` (the
+    frozen reference's, the ActFocus paper's energy, from the reference pass that runs anyway)
+    and ``kl_ref`` (the exact KL to the reference, a second softmax over the vocabulary), all
+    shifted to the chosen token.
     """
     device = agent.device
     parts: dict[str, list[torch.Tensor]] = {
-        k: [] for k in ("logprobs", "ref", "values", "boot", "entropy", "logits", "free", "kl")
+        k: []
+        for k in (
+            "logprobs",
+            "ref",
+            "values",
+            "boot",
+            "entropy",
+            "logits",
+            "free",
+            "kl",
+            "ref_free",
+        )
     }
 
     def shifted(x: torch.Tensor) -> torch.Tensor:  # (b, T): position t describes token t
@@ -487,6 +501,8 @@ def score(
         if ref is not None:
             ref_logits = ref(input_ids=tokens, attention_mask=attn, use_cache=False).logits
             parts["ref"].append(token_logprobs(ref_logits, tokens).cpu())
+            if "ref_free_energy" in extras:
+                parts["ref_free"].append(shifted(-torch.logsumexp(ref_logits.float(), -1)))
             if "kl_ref" in extras:
                 ref_logp = torch.log_softmax(ref_logits.float(), dim=-1)
                 parts["kl"].append(shifted((logp.exp() * (logp - ref_logp)).sum(-1)))
@@ -499,5 +515,6 @@ def score(
         entropy=torch.cat(parts["entropy"]),
         free_energy=torch.cat(parts["free"]) if parts["free"] else None,
         kl_ref=torch.cat(parts["kl"]) if parts["kl"] else None,
+        ref_free_energy=torch.cat(parts["ref_free"]) if parts["ref_free"] else None,
         logits=torch.cat(parts["logits"]) if keep_logits else None,
     )

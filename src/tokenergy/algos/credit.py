@@ -112,6 +112,7 @@ class TokenCredit:
             entropy=sc.entropy,
             free_energy=sc.free_energy,
             kl_ref=sc.kl_ref,
+            ref_free_energy=sc.ref_free_energy,
             advantages=advantages,
             learned=self.learned,
         )
