@@ -2,8 +2,8 @@
 (``eval/state_exact``, ``eval/state_tokens``) and success of the agent it made, beside a random
 policy and the scripted solver on the same held-out seeds.
 
-Usage: python benchmarks/perception.py [--rows NAME ...] [--jobs 2] [--out runs/perception]
-[--doc docs/results/perception.md] [--resume] [--list]
+Usage: python benchmarks/perception.py [--rows NAME ...] [--seeds 3 --seeds-rows NAME ...]
+[--jobs 2] [--out runs/perception] [--doc docs/results/perception.md] [--resume] [--list]
 
 Each row is ``tokenergy train PRESET --algo.iterations 0`` with the row's overrides (printed as
 it starts; one torch thread each, ``--jobs`` at a time); the evaluation after SFT is the run's
@@ -17,6 +17,7 @@ import argparse
 import concurrent.futures as cf
 import json
 import shlex
+import statistics
 import sys
 from pathlib import Path
 
@@ -96,15 +97,20 @@ EVAL = ["--eval.episodes", "512", "--eval.temperature", "0", "--eval.maps", "0"]
 COLUMNS = ("eval/state_exact", "eval/state_tokens", "eval/solver_agreement", "eval/success")
 
 
-def sft_row(name: str, out: Path, resume: bool) -> dict:
-    """SFT the row's agent (kept with ``resume`` when its folder holds one) and read the
-    evaluation after SFT from its metrics."""
+def run_dir(out: Path, name: str, seed: int) -> Path:
+    """Seed 0 of a row lives in ``out/ROW``, seed s in ``out/ROW-sS``."""
+    return out / (name if seed == 0 else f"{name}-s{seed}")
+
+
+def sft_row(name: str, seed: int, out: Path, resume: bool) -> dict:
+    """SFT the row's agent for ``seed`` (kept with ``resume`` when its folder holds one) and
+    read the evaluation after SFT from its metrics."""
     preset, _, overrides = ROWS[name]
-    d = out / name
+    d = run_dir(out, name, seed)
     timing = d.with_suffix(".json")
     if not (resume and timing.is_file() and (d / "agent").is_dir()):
         cmd = [*tokenergy(), "train", preset, "--algo.iterations", "0", "--out", str(d)]
-        cmd += ["--overwrite", *overrides, *EVAL]
+        cmd += ["--overwrite", *overrides, *EVAL, "--seed", str(seed)]
         timing.write_text(json.dumps({"seconds": run_logged(cmd, d.with_suffix(".log"))}))
     rows = [json.loads(x) for x in (d / "metrics.jsonl").read_text().splitlines() if x]
     ev = next(r for r in rows if "eval/success" in r)
@@ -147,6 +153,10 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=Path("runs/perception"))
     p.add_argument("--doc", type=Path, default=Path("docs/results/perception.md"))
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--seeds", type=int, default=1, help="seeds of the rows in --seeds-rows")
+    p.add_argument(
+        "--seeds-rows", nargs="+", default=None, help="rows run on --seeds seeds (default: all)"
+    )
     p.add_argument("--list", action="store_true", help="print the rows and stop")
     args = p.parse_args()
     if args.list:
@@ -154,22 +164,34 @@ def main() -> None:
             print(f"{name:18s} {preset:30s} {what}  {' '.join(ov)}")
         return
     args.out.mkdir(parents=True, exist_ok=True)
+    many = set(args.rows if args.seeds_rows is None else args.seeds_rows)
+    jobs = [(n, s) for n in args.rows for s in range(args.seeds if n in many else 1)]
     with cf.ThreadPoolExecutor(args.jobs) as pool:
-        futures = {n: pool.submit(sft_row, n, args.out, args.resume) for n in args.rows}
-        results = {n: f.result() for n, f in futures.items()}
+        futures = {j: pool.submit(sft_row, *j, args.out, args.resume) for j in jobs}
+        done = {j: f.result() for j, f in futures.items()}
     lines = [
-        "| row | preset | what is tried | state_exact | state_tokens | solver agreement | "
-        "success | SFT + eval time |",
-        "|---|---|---|---|---|---|---|---|",
+        "| row | preset | what is tried | seeds | state_exact | state_tokens | solver agreement "
+        "| success | SFT + eval time |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def cell(rs: list[dict], key: str) -> str:
+        xs = [r[key] for r in rs]
+        if len(xs) == 1:
+            return f"{xs[0]:.3f}"
+        each = " / ".join(f"{x:.3f}" for x in xs)
+        return f"{statistics.mean(xs):.3f} ± {statistics.stdev(xs):.3f} ({each})"
+
     presets_seen: dict[str, Path] = {}
-    for n, r in results.items():
+    for n in args.rows:
         preset, what, _ = ROWS[n]
+        rs = [r for (name, _), r in done.items() if name == n]
         presets_seen.setdefault(preset, args.out / n)
+        minutes = statistics.mean(r["seconds"] for r in rs) / 60
         lines.append(
-            f"| {n} | {Path(preset).stem} | {what} | {r['eval/state_exact']:.3f} | "
-            f"{r['eval/state_tokens']:.3f} | {r['eval/solver_agreement']:.3f} | "
-            f"{r['eval/success']:.3f} | {r['seconds'] / 60:.1f} min |"
+            f"| {n} | {Path(preset).stem} | {what} | {len(rs)} | {cell(rs, 'eval/state_exact')} | "
+            f"{cell(rs, 'eval/state_tokens')} | {cell(rs, 'eval/solver_agreement')} | "
+            f"{cell(rs, 'eval/success')} | {minutes:.1f} min |"
         )
     lines += ["", "| preset | random policy | scripted solver |", "|---|---|---|"]
     for preset, d in presets_seen.items():
@@ -186,8 +208,9 @@ def main() -> None:
         "`state_exact` is the share of turns whose scratchpad states the true state word for "
         "word, `state_tokens` the share of its words right, position by position, `solver "
         "agreement` the share whose first move is the scripted solver's "
-        "([docs/metrics.md](../metrics.md)). Time is one run on one core, SFT data, "
-        "training and the evaluation.\n\n" + body + "\n"
+        "([docs/metrics.md](../metrics.md)); over several seeds, mean ± std (each seed). Time "
+        "is the wall time of one run on one core (SFT data, training and the evaluation), "
+        "averaged over seeds.\n\n" + body + "\n"
     )
 
 
