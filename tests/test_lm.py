@@ -501,3 +501,20 @@ def test_reward_variance_filter_trains_on_the_kept_groups(tmp_path):
         result = train_lm(cfg, run, agent=build_agent("tiny", seed=0))
     assert result.history[-1]["rollout/trained_episodes"] == 4  # 2 of the 4 groups
     assert result.history[-1]["train/episodes"] == 8
+
+
+def test_value_scale_multiplies_the_heads_output(tok):
+    from tokenergy.models.lm import separate_critic
+
+    agent = build_agent("tiny", tokenizer=tok)
+    with torch.no_grad():
+        agent.value_head.net[2].bias.fill_(0.5)
+    ids = torch.tensor([[1, 2, 3]])
+    assert agent(ids).values.tolist() == [[0.5, 0.5, 0.5]]
+    agent.value_scale = 10.0
+    assert agent(ids).values[0].tolist() == pytest.approx([5.0, 5.0, 5.0])
+    separate_critic(agent)  # the critic with a transformer of its own is scaled the same way
+    assert agent(ids).values[0].tolist() == pytest.approx([5.0, 5.0, 5.0])
+    assert tiny_cfg(**{"algo.value_scale": 10}).algo.value_scale == 10.0
+    with pytest.raises(ConfigError, match=r"algo\.value_scale"):
+        tiny_cfg(**{"algo.value_scale": 0})

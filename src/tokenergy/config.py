@@ -520,6 +520,11 @@ class AlgoConfig:
     value_clip: float | None = _f(
         None, "value clip range (ppo); null (default) turns it off: returns here span ~10"
     )
+    value_scale: float = _f(
+        1.0,
+        "ppo: the value is the value head's output times this, so a head that starts at 0 "
+        "predicts returns / value_scale (about the returns' spread, e.g. 10 on Sokoban)",
+    )
     ent_coef: float = _f(0.0, "entropy bonus coefficient")
     kl_coef: float = _f(0.02, "weight of the KL to the frozen reference; 0 turns it off")
     kl_kind: str = _f("k1", "KL estimator: k1, k2 or k3")
@@ -615,6 +620,7 @@ class AlgoConfig:
             f"must be group, batch or none, got {self.group_scale!r}",
         )
         _in_range(self.max_grad_norm, "max_grad_norm", 0.0, None, lo_open=True)
+        _in_range(self.value_scale, "value_scale", 0.0, None, lo_open=True)
         _in_range(self.critic_warmup_iters, "critic_warmup_iters", 0, None)
         if self.clip_eps_final is not None:
             _in_range(self.clip_eps_final, "clip_eps_final", 0.0, 1.0, lo_open=True, hi_open=True)

@@ -580,6 +580,7 @@ def train_lm(
     if agent is None:
         agent = agent_from_config(cfg.model, seed=cfg.seed)
     agent = agent.to(device)
+    agent.value_scale = cfg.algo.value_scale
     tok = agent.tokenizer
     a = cfg.algo
     advantage_fn = ALGORITHMS.get(a.name)

@@ -191,6 +191,9 @@ class AgentModel(nn.Module):
         self.policy = policy
         self.tokenizer = tokenizer
         self.value_head = ValueHead(policy.config.hidden_size)
+        # values are the head's output times this (a trainer's algo.value_scale): a head that
+        # starts at 0 reaches returns of ~10 in a tenth of the steps when it predicts R / 10
+        self.value_scale = 1.0
 
     def forward(
         self,
@@ -210,12 +213,13 @@ class AgentModel(nn.Module):
             use_cache=False,
         )
         if with_values and separate:
-            return AgentOutput(out.logits, self.value_head(input_ids, attention_mask))
+            values = self.value_head(input_ids, attention_mask) * self.value_scale
+            return AgentOutput(out.logits, values)
         hidden = out.hidden_states[-1] if with_values else None
         if hidden is not None and not value_grad_to_policy:
             hidden = hidden.detach()
         values = (
-            self.value_head(hidden)
+            self.value_head(hidden) * self.value_scale
             if hidden is not None
             else out.logits.new_zeros(out.logits.shape[:2])
         )
