@@ -251,11 +251,15 @@ def generate_turns(
     input_ids, attn = input_ids.to(device), attn.to(device)
     position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
     grid = _grid_of(policy)  # a grid model: every new token's coordinates from all ids so far
-    seen = torch.cat([input_ids, input_ids.new_full((B, max_new_tokens), pad_id)], 1)
+    seen = (
+        torch.cat([input_ids, input_ids.new_full((B, max_new_tokens), pad_id)], 1)
+        if grid is not None
+        else None
+    )
 
-    def coords(step: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if grid is None:
-            return None
+    def coords(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # recomputed over the whole context each step (O(context) a token); an incremental
+        # rule would carry the segment, row and column along (worth it for long contexts)
         rows, cols = grid.coordinates(seen[:, : L + step + 1])
         return rows[:, -1:], cols[:, -1:]
 
@@ -276,7 +280,8 @@ def generate_turns(
     for step in range(max_new_tokens):
         tok = sample_next(logits, temperature, top_p, generator).cpu()
         written[:, step] = tok
-        seen[:, L + step] = tok.to(device)
+        if seen is not None:
+            seen[:, L + step] = tok.to(device)
         lengths += (~done).long()
         done |= torch.isin(tok, stop)
         if bool(done.all()):
