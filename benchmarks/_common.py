@@ -70,3 +70,23 @@ def append_results(title: str, body: str) -> None:
             f"\n## {title} ({stamp})\n\n- command: `{command()}`\n- machine: {machine()}\n\n{body}\n"
         )
     print(f"appended to {RESULTS}")
+
+
+def scripted_success(run_dir: Path, turn) -> float:
+    """Success of ``turn(env) -> text`` (the scripted solver, a random mover) on the held-out
+    episodes the run's evaluation plays (its ``eval.episodes``, ``seed_offset`` and ``maps``)."""
+    from tokenergy.algos.lm import eval_seeds
+    from tokenergy.config import load_config
+    from tokenergy.envs import make
+
+    cfg = load_config(run_dir / "config.yaml")
+    wins = 0
+    for seed in eval_seeds(cfg.eval.episodes, cfg.eval.seed_offset, cfg.eval.maps):
+        env = make(cfg.env.name, **cfg.env.kwargs)
+        env.reset(seed=seed)
+        for _ in range(cfg.env.max_turns):
+            *_, term, trunc, info = env.step(turn(env))
+            if term or trunc:
+                wins += bool(info["success"])
+                break
+    return wins / cfg.eval.episodes

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine, run_logged, tokenergy
+from _common import machine, run_logged, scripted_success, tokenergy
 
 
 def minutes(run_dir: Path) -> float:
@@ -80,21 +80,7 @@ def greedy_success(run_dir: Path, episodes: int, reuse: bool) -> float:
 
 def solver_success(run_dir: Path) -> float:
     """The scripted solver's success on the run's held-out env seeds (the reference ceiling)."""
-    from tokenergy.algos.lm import eval_seeds
-    from tokenergy.config import load_config
-    from tokenergy.envs import make
-
-    cfg = load_config(run_dir / "config.yaml")
-    wins = 0
-    for seed in eval_seeds(cfg.eval.episodes, cfg.eval.seed_offset, cfg.eval.maps):
-        env = make(cfg.env.name, **cfg.env.kwargs)
-        env.reset(seed=seed)
-        for _ in range(cfg.env.max_turns):
-            *_, term, trunc, info = env.step(env.solver_turn())
-            if term or trunc:
-                wins += bool(info["success"])
-                break
-    return wins / cfg.eval.episodes
+    return scripted_success(run_dir, lambda env: env.solver_turn())
 
 
 def mean_std(xs: list[float]) -> str:

@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import machine, run_logged, tokenergy
+from _common import machine, run_logged, scripted_success, tokenergy
 
 SOKOBAN = "configs/sokoban-ppo.yaml"
 FROZENLAKE = "configs/frozenlake-ppo.yaml"
@@ -122,28 +122,13 @@ def reference_success(run_dir: Path) -> tuple[float, float]:
     held-out seeds."""
     import numpy as np
 
-    from tokenergy.config import load_config
-    from tokenergy.envs import make
     from tokenergy.envs.text import format_turn
 
-    cfg = load_config(run_dir / "config.yaml")
     rng = np.random.default_rng(0)
-    wins = {"random": 0, "solver": 0}
-    for who in wins:
-        for k in range(cfg.eval.episodes):
-            env = make(cfg.env.name, **cfg.env.kwargs)
-            env.reset(seed=cfg.eval.seed_offset + k)
-            for _ in range(cfg.env.max_turns):
-                turn = (
-                    env.solver_turn()
-                    if who == "solver"
-                    else format_turn(env.reasoning(), [env.random_action(rng)])
-                )
-                *_, term, trunc, info = env.step(turn)
-                if term or trunc:
-                    wins[who] += bool(info["success"])
-                    break
-    return wins["random"] / cfg.eval.episodes, wins["solver"] / cfg.eval.episodes
+    rnd = scripted_success(
+        run_dir, lambda env: format_turn(env.reasoning(), [env.random_action(rng)])
+    )
+    return rnd, scripted_success(run_dir, lambda env: env.solver_turn())
 
 
 def main() -> None:

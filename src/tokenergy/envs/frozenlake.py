@@ -219,7 +219,7 @@ class FrozenLakeText(TextEnv):
         """Up to ``max_actions_per_turn`` moves of the solver's plan as if nothing slips (the
         second is chosen before the first's slip is seen)."""
         room = self.max_steps - self.steps
-        return self._plan(min(self.max_actions_per_turn, room))[:] or [self.solver_action()]
+        return self._plan(min(self.max_actions_per_turn, room)) or [self.solver_action()]
 
     def legal_actions(self) -> list[str]:
         return list(MOVES)
