@@ -5,12 +5,13 @@ Usage: python benchmarks/actfocus_overhead.py [--size tiny] [--iterations 6] [--
 
 Trains the same randomly initialised agent (which writes full-length turns, so every
 iteration processes the same number of tokens) with ``energy.weighting none`` and with
-``actfocus`` (energy ``ref_surprisal``), alternating the two ``--repeats`` times. Reports the
+the paper's ``actfocus`` (energy ``ref_free_energy``, the loss divided by the weights' sum),
+alternating the two ``--repeats`` times. Reports the
 median iteration time (rollout + scoring + energy + update; evaluation excluded) and the
 median per-token time, the peak memory of each run (a fresh process per run: resident set on
-CPU, allocated device memory on CUDA), and the relative differences. The reference forward that
-``ref_surprisal`` reads is already part of PPO with a KL penalty, so the weighting itself is
-what is measured.
+CPU, allocated device memory on CUDA), and the relative differences. The reference forward whose
+logits' logsumexp ``ref_free_energy`` reads is already part of PPO with a KL penalty, so the
+energy's logsumexp and the weighting are what is measured.
 """
 
 from __future__ import annotations
@@ -37,8 +38,13 @@ def _cfg(a: argparse.Namespace, weighting: str):
             "model": {"size": a.size},
             "sft": {"episodes": 0},
             "rollout": {"episodes": 32, "max_turn_tokens": 40},
-            "algo": {"name": "ppo", "iterations": a.iterations, "kl_coef": 0.02},
-            "energy": {"source": "ref_surprisal", "weighting": weighting},
+            "algo": {
+                "name": "ppo",
+                "iterations": a.iterations,
+                "kl_coef": 0.02,
+                "loss_normalize": "weights" if weighting == "actfocus" else "mask",
+            },
+            "energy": {"source": "ref_free_energy", "weighting": weighting},
             "eval": {"episodes": 1, "every": 10_000},
             "log": {"tensorboard": False, "progress": False},
         }

@@ -151,6 +151,8 @@ def test_shipped_presets_load():
             r"energy.reward_beta: the advantage energy",
         ),
         ({"energy.top_rho": 0.0}, r"energy.top_rho: must be in \(0, 1\]"),
+        ({"energy.alpha": 1.5}, r"energy.alpha: must be in \[0, 1\], got 1.5"),
+        ({"energy.beta": -0.5}, r"energy.beta: must be in \[0, inf\], got -0.5"),
     ],
 )
 def test_lm_energy_config_errors_name_the_field(override, message):

@@ -35,9 +35,9 @@ def test_actfocus_run_logs_the_configured_weights_and_respects_warmup(tmp_path):
     assert rows[0]["weights/reasoning"] == 1.0  # warm-up: plain token-mean
     for r in rows[1:]:
         assert r["weights/reasoning"] == pytest.approx(0.25)
-        if r["rollout/action_token_share"] > 0:
-            assert r["weights/action"] == pytest.approx(1.0, abs=1e-5)
-        assert r["energy/lam"] == 0.5
+        if r["rollout/action_token_share"] > 0:  # the paper's bounded action weights
+            assert 1.0 <= r["weights/action"] <= 1.5
+        assert "energy/lam" not in r  # the softmax form's strength, not this one's
     evals = [r for r in _rows(tmp_path / "run") if "diag/share_action" in r]
     assert len(evals) == 2  # before RL and at the end
     samples = [
@@ -58,7 +58,7 @@ def test_zero_weights_stop_the_gradient_and_energy_gets_none():
     mask = roles != 0
     logprobs = (torch.randn(1, 6, generator=g) - 2).requires_grad_()
     energy = (-logprobs).detach().requires_grad_()  # a leaf that would collect a gradient
-    w = actfocus_weights(roles, energy, mask, alpha=0.0, lam=0.5, tau=1.0, format_weight=0.0)
+    w = actfocus_weights(roles, energy, mask, alpha=0.0, beta=0.5, format_weight=0.0)
     assert not w.requires_grad
     loss, _ = ppo_policy_loss(logprobs, logprobs.detach(), torch.ones(1, 6), mask, 0.2, weights=w)
     loss.backward()
@@ -80,7 +80,8 @@ def test_an_unused_reference_energy_costs_nothing(tmp_path):
     used = tiny_cfg(**{"algo.kl_coef": 0.0, "energy.weighting": "actfocus"})
     assert used.energy.needs_reference
     row = train_lm(used).history[-1]
-    assert row["energy/active"] == 1.0 and row["energy/reasoning"] > 0  # -log pi_ref of tokens
+    # the paper's energy, -logsumexp of the reference's logits, varies from token to token
+    assert row["energy/active"] == 1.0 and row["energy/std"] > 0
     entropy_only = tiny_cfg(**{"algo.kl_coef": 0.0, "energy.source": "entropy"})
     assert "energy/mean" in train_lm(entropy_only).history[-1]
 

@@ -1,5 +1,5 @@
-"""Token-level energies and weightings for LM agents: ActFocus pinned on hand examples and its
-invariants, every energy source on hand-made inputs, no gradient into energies, the
+"""Token-level energies and weightings for LM agents: ActFocus (the paper's sigmoid form and
+our softmax form) pinned on hand examples and their invariants, every energy source on hand-made inputs, no gradient into energies, the
 learned sources learn, and the action-bottleneck diagnostic."""
 
 import math
@@ -15,6 +15,7 @@ from tokenergy.energy import (
     TOKEN_ENERGIES,
     TOKEN_WEIGHTINGS,
     TokenEnergyInputs,
+    actfocus_softmax_weights,
     actfocus_weights,
     energy_prior_kl,
     kl_full,
@@ -38,8 +39,87 @@ def _mask(roles: torch.Tensor) -> torch.Tensor:
 
 def test_actfocus_hand_example():
     roles = torch.tensor([[OBS, R, R, A, A, F]])
+    energy = torch.tensor([[9.0, 5.0, -5.0, 0.0, 2.0, 7.0]])
+    w = actfocus_weights(roles, energy, _mask(roles))  # the paper's alpha 0.1, beta 0.5
+    # action energies (0, 2): mu = 1, sigma = sqrt(1 + 1e-6), z = -+1:
+    # 1 + 0.5 * sigmoid(-1) = 1.134470..., 1 + 0.5 * sigmoid(1) = 1.365529...
+    expected = torch.tensor([[0.0, 0.1, 0.1, 1.1344708, 1.3655292, 1.0]])
+    assert torch.allclose(w, expected, atol=1e-6)
+
+
+def test_actfocus_statistics_span_the_batch_and_skip_untrained_tokens():
+    roles = torch.tensor([[OBS, A, R, A], [A, A, F, R]])
+    energy = torch.tensor([[0.0, 0.0, 8.0, 3.0], [6.0, 100.0, 0.0, 1.0]])
+    mask = _mask(roles) & torch.tensor([[True, True, True, True], [True, False, True, True]])
+    w = actfocus_weights(roles, energy, mask, alpha=0.2, beta=0.5, format_weight=0.3)
+    # trained action energies (0, 3, 6) across both rows; the masked 100 takes no part:
+    # mu = 3, sigma = sqrt(6), z = (-1.2247, 0, 1.2247), sigmoid(1.2247) = 0.77290
+    assert w[0, 1].item() == pytest.approx(1.113551, abs=1e-6)
+    assert w[0, 3].item() == pytest.approx(1.25, abs=1e-6)
+    assert w[1, 0].item() == pytest.approx(1.386449, abs=1e-6)
+    assert w[1, 1].item() == 0.0 and w[0, 0].item() == 0.0
+    assert w[0, 2].item() == pytest.approx(0.2) and w[1, 2].item() == pytest.approx(0.3)
+
+
+def test_actfocus_one_action_token_gets_half_beta_and_none_leaves_ones():
+    roles = torch.tensor([[R, A, F]])
+    w = actfocus_weights(roles, torch.tensor([[1.0, 42.0, 0.0]]), _mask(roles), 0.1, 0.8)
+    assert w[0, 1].item() == pytest.approx(1.4)  # z = 0: 1 + beta / 2
+    roles = torch.tensor([[R, F, R]])
+    w = actfocus_weights(roles, torch.tensor([[1.0, 2.0, 3.0]]), _mask(roles), 1.0, 0.8)
+    assert torch.equal(w, torch.ones(1, 3))
+
+
+def test_actfocus_alpha_one_beta_zero_is_uniform_ppo_exactly():
+    from tokenergy.losses import ppo_policy_loss
+
+    g = torch.Generator().manual_seed(3)
+    roles = torch.randint(0, 4, (4, 9), generator=g)
+    mask = (torch.rand(4, 9, generator=g) < 0.8) & (roles != OBS)
+    energy = torch.randn(4, 9, generator=g)
+    w = actfocus_weights(roles, energy, mask, alpha=1.0, beta=0.0)
+    assert torch.equal(w, mask.float())
+    logp = torch.randn(4, 9, generator=g) * 0.1 - 1.0
+    old = logp + torch.randn(4, 9, generator=g) * 0.1
+    adv = torch.randn(4, 9, generator=g)
+    uniform, _ = ppo_policy_loss(logp, old, adv, mask, 0.2)
+    for normalize in ("mask", "weights"):
+        weighted, _ = ppo_policy_loss(logp, old, adv, mask, 0.2, weights=w, normalize=normalize)
+        assert weighted.item() == uniform.item()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 4),
+    st.integers(1, 12),
+    st.floats(0.0, 1.0),
+    st.floats(0.0, 3.0),
+    st.floats(1e-3, 1e3),
+    st.integers(0, 10_000),
+)
+def test_actfocus_invariants(b, t, alpha, beta, scale, seed):
+    g = torch.Generator().manual_seed(seed)
+    roles = torch.randint(0, 4, (b, t), generator=g)
+    mask = torch.rand(b, t, generator=g) < 0.8
+    energy = torch.randn(b, t, generator=g) * scale
+    w = actfocus_weights(roles, energy, mask, alpha, beta)
+    act = mask & (roles == A)
+    assert (w[act] >= 1.0).all() and (w[act] <= 1.0 + beta + 1e-6).all()
+    assert (w[~mask] == 0).all()
+    reasoning = mask & (roles == R)
+    assert torch.allclose(w[reasoning], torch.full_like(w[reasoning], alpha))
+    # the weights read the energy only through its z-score: a shift changes nothing
+    assert torch.allclose(actfocus_weights(roles, energy + 5.0, mask, alpha, beta), w, atol=1e-5)
+    # and the order of the action weights is the order of their energies
+    if int(act.sum()) > 1:
+        order = energy[act].argsort()
+        assert (w[act][order].diff() >= -1e-6).all()
+
+
+def test_actfocus_softmax_hand_example():
+    roles = torch.tensor([[OBS, R, R, A, A, F]])
     energy = torch.tensor([[9.0, 5.0, -5.0, 0.0, math.log(3.0), 7.0]])
-    w = actfocus_weights(roles, energy, _mask(roles), alpha=0.5, lam=0.5, tau=1.0)
+    w = actfocus_softmax_weights(roles, energy, _mask(roles), alpha=0.5, lam=0.5, tau=1.0)
     # s = softmax(0, ln 3) = (1/4, 3/4), N_a = 2: w = 1 + 0.5 * (2 s - 1)
     expected = torch.tensor([[0.0, 0.5, 0.5, 0.75, 1.25, 1.0]])
     assert torch.allclose(w, expected)
@@ -48,7 +128,7 @@ def test_actfocus_hand_example():
 def test_actfocus_softmax_spans_the_whole_batch_and_respects_tau_and_format_weight():
     roles = torch.tensor([[OBS, A, R], [OBS, A, F]])
     energy = torch.tensor([[0.0, 0.0, 3.0], [0.0, 2.0, 0.0]])
-    w = actfocus_weights(roles, energy, _mask(roles), 0.2, 1.0, tau=2.0, format_weight=0.0)
+    w = actfocus_softmax_weights(roles, energy, _mask(roles), 0.2, 1.0, tau=2.0, format_weight=0.0)
     # s over the batch's two action tokens: softmax(0/2, 2/2) = (1, e) / (1 + e)
     s1 = 1 / (1 + math.e)
     assert w[0, 1].item() == pytest.approx(2 * s1)
@@ -57,12 +137,14 @@ def test_actfocus_softmax_spans_the_whole_batch_and_respects_tau_and_format_weig
     assert w[:, 0].abs().sum() == 0
 
 
-def test_actfocus_high_tau_is_uniform_and_bad_tau_raises():
+def test_actfocus_softmax_high_tau_is_uniform_and_bad_tau_raises():
     roles = torch.tensor([[R, A, A, A]])
-    w = actfocus_weights(roles, torch.tensor([[0.0, 1.0, 5.0, 9.0]]), _mask(roles), 0.3, 1.0, 1e6)
+    w = actfocus_softmax_weights(
+        roles, torch.tensor([[0.0, 1.0, 5.0, 9.0]]), _mask(roles), 0.3, 1.0, 1e6
+    )
     assert torch.allclose(w, torch.tensor([[0.3, 1.0, 1.0, 1.0]]), atol=1e-4)
     with pytest.raises(ValueError, match="tau"):
-        actfocus_weights(roles, torch.zeros(1, 4), _mask(roles), 0.3, 1.0, 0.0)
+        actfocus_softmax_weights(roles, torch.zeros(1, 4), _mask(roles), 0.3, 1.0, 0.0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -74,12 +156,12 @@ def test_actfocus_high_tau_is_uniform_and_bad_tau_raises():
     st.floats(0.05, 5.0),
     st.integers(0, 10_000),
 )
-def test_actfocus_invariants(b, t, lam, alpha, tau, seed):
+def test_actfocus_softmax_invariants(b, t, lam, alpha, tau, seed):
     g = torch.Generator().manual_seed(seed)
     roles = torch.randint(0, 4, (b, t), generator=g)
     mask = torch.rand(b, t, generator=g) < 0.8
     energy = torch.randn(b, t, generator=g) * 3
-    w = actfocus_weights(roles, energy, mask, alpha, lam, tau)
+    w = actfocus_softmax_weights(roles, energy, mask, alpha, lam, tau)
     assert (w >= -1e-6).all()
     assert (w[~mask] == 0).all()
     act = mask & (roles == A)
@@ -88,9 +170,9 @@ def test_actfocus_invariants(b, t, lam, alpha, tau, seed):
     reasoning = mask & (roles == R)
     assert torch.allclose(w[reasoning], torch.full_like(w[reasoning], alpha))
     # lam = 0: reasoning down-weighting alone; alpha = 1: redistribution alone
-    w0 = actfocus_weights(roles, energy, mask, alpha, 0.0, tau)
+    w0 = actfocus_softmax_weights(roles, energy, mask, alpha, 0.0, tau)
     assert torch.allclose(w0[act], torch.ones_like(w0[act]))
-    w1 = actfocus_weights(roles, energy, mask, 1.0, lam, tau)
+    w1 = actfocus_softmax_weights(roles, energy, mask, 1.0, lam, tau)
     assert torch.allclose(w1[reasoning], torch.ones_like(w1[reasoning]))
     assert torch.allclose(w1[act], w[act])
 
@@ -125,13 +207,17 @@ def test_registered_weightings_read_the_config():
     roles = torch.tensor([[OBS, R, A, A]])
     energy = torch.tensor([[0.0, 0.0, 0.0, 10.0]])
     cfg = SimpleNamespace(
-        alpha=0.5, lam=1.0, tau=1.0, format_weight=1.0, threshold_std=0.5,
+        alpha=0.5, beta=0.5, lam=1.0, tau=1.0, format_weight=1.0, threshold_std=0.5,
         weight_scale=3.0, smooth=False, top_rho=0.3,
     )  # fmt: skip
     m = _mask(roles)
     assert torch.equal(TOKEN_WEIGHTINGS.get("none")(energy, roles, m, cfg), m.float())
     af = TOKEN_WEIGHTINGS.get("actfocus")(energy, roles, m, cfg)
-    assert af[0, 1] == 0.5 and af[0, 3] > 1.9
+    # two action energies (0, 10): z = -+1, 1 + 0.5 * sigmoid(+-1)
+    assert af[0, 1] == 0.5 and af[0, 2].item() == pytest.approx(1.134471, abs=1e-5)
+    assert af[0, 3].item() == pytest.approx(1.365529, abs=1e-5)
+    soft = TOKEN_WEIGHTINGS.get("actfocus_softmax")(energy, roles, m, cfg)
+    assert soft[0, 1] == 0.5 and soft[0, 3] > 1.9
     bn = TOKEN_WEIGHTINGS.get("bottleneck")(energy, roles, m, cfg)
     assert torch.equal(bn, torch.tensor([[0.0, 1.0, 1.0, 3.0]]))
     top = TOKEN_WEIGHTINGS.get("top_entropy")(energy, roles, m, cfg)
@@ -208,7 +294,7 @@ def test_every_token_energy_source_on_hand_inputs_and_without_gradient():
         ref_free_energy=torch.tensor([[0.0, -4.0, -5.0, -6.0]], **grad),
         advantages=torch.tensor([[0.0, 0.0, 1.0, -1.0]], **grad),
     )
-    cfg = SimpleNamespace(beta=2.0, ngram=2)
+    cfg = SimpleNamespace(adv_beta=2.0, ngram=2)
     expected = {
         "ref_surprisal": [0.0, 0.5, 3.0, 0.1],
         "surprisal": [0.0, 1.0, 2.0, 0.5],
@@ -337,3 +423,72 @@ def test_mean_correlation_removes_the_length_effect():
     )
     assert out["corr_action"] == pytest.approx(1.0)  # the sum only counts tokens
     assert math.isnan(out["corr_mean_action"])  # the mean is the same in every episode
+
+
+# --------------------------------------------------------------------------- the paper's diagnostic
+
+
+def _t_density(x: float, df: int) -> float:
+    c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    return math.exp(c - (df + 1) / 2 * math.log1p(x * x / df))
+
+
+@pytest.mark.parametrize(("t", "df"), [(1.0, 1), (1.0, 2), (2.3094, 3), (0.5, 7), (4.0, 30)])
+def test_t_p_value_matches_closed_forms_and_the_integrated_density(t, df):
+    from tokenergy.diagnostics import t_two_sided_p
+
+    # two-sided p = 2 * integral of the density from |t| to infinity; Simpson's rule on [0, t]
+    n = 20_000
+    h = t / n
+    inner = sum(
+        (1 if i in (0, n) else 4 if i % 2 else 2) * _t_density(i * h, df) for i in range(n + 1)
+    )
+    assert t_two_sided_p(t, df) == pytest.approx(1.0 - 2.0 * inner * h / 3, abs=1e-7)
+    if df == 1:  # Cauchy: P(|T| > 1) = 1/2
+        assert t_two_sided_p(t, df) == pytest.approx(0.5, abs=1e-12)
+    if df == 2:  # P(|T| > t) = 1 - t / sqrt(2 + t^2)
+        assert t_two_sided_p(t, df) == pytest.approx(1 - 1 / math.sqrt(3), abs=1e-12)
+    assert t_two_sided_p(0.0, df) == pytest.approx(1.0)
+
+
+def test_spearman_hand_example_ties_and_degenerate_samples():
+    from tokenergy.diagnostics import spearman
+
+    # ranks (1..5) against (2, 1, 4, 3, 5): sum d^2 = 4, rho = 1 - 6 * 4 / (5 * 24) = 0.8;
+    # t = 0.8 * sqrt(3 / 0.36) = 2.3094 on 3 degrees of freedom: p = 0.1041
+    rho, p = spearman(torch.tensor([1.0, 2, 3, 4, 5]), torch.tensor([2.0, 1, 4, 3, 5]))
+    assert rho == pytest.approx(0.8) and p == pytest.approx(0.1041, abs=1e-4)
+    # ties take their average rank: (1.5, 1.5, 3) against (1, 2, 3) -> rho = 0.8660
+    rho, _ = spearman(torch.tensor([0.0, 0.0, 9.0]), torch.tensor([1.0, 2.0, 3.0]))
+    assert rho == pytest.approx(math.sqrt(3) / 2)
+    # a monotone transform changes nothing; a perfect order has p = 0
+    x = torch.tensor([0.3, -1.0, 2.0, 5.0])
+    assert spearman(x, x.exp()) == (pytest.approx(1.0), 0.0)
+    assert all(math.isnan(v) for v in spearman(torch.ones(4), x))
+    assert all(math.isnan(v) for v in spearman(x[:2], x[:2]))
+
+
+def test_energy_reward_std_correlation_hand_example():
+    from tokenergy.diagnostics import energy_reward_std_correlation
+
+    # 4 groups of 2 episodes; the groups' return stds are 0, 0.5, 1, 2 (population)
+    returns = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 2.0, 0.0, 4.0])
+    groups = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3])
+    roles = torch.tensor([[OBS, R, A, A]] * 8)
+    mask = _mask(roles)
+    # per group, action energy rises with the std (group means 1, 2, 3, 4), reasoning energy
+    # falls (means 9, 7, 5, 3); the untrained observation token is ignored
+    act = torch.tensor([1.0, 1, 2, 2, 3, 3, 4, 4])
+    rea = torch.tensor([9.0, 9, 7, 7, 5, 5, 3, 3])
+    energy = torch.stack([torch.full((8,), 100.0), rea, act, act], dim=1)
+    energy[1, 2] = 0.0  # group 0's action mean (0 + 1 + 1 + 1) / 4 = 0.75: the order holds
+    out = energy_reward_std_correlation(energy, roles, mask, returns, groups)
+    assert out["energy_groups"] == 4 and out["reward_std_mean"] == pytest.approx(0.875)
+    assert out["energy_spearman_action"] == pytest.approx(1.0) and out["energy_p_action"] == 0.0
+    assert out["energy_spearman_reasoning"] == pytest.approx(-1.0)
+    # all trained tokens: group means 21/6 = 3.5 (group 0), then 11/3 three times; ranks
+    # (1, 3, 3, 3) against (1, 2, 3, 4): rho = 3 / sqrt(3 * 5)
+    assert out["energy_spearman_all"] == pytest.approx(3 / math.sqrt(15))
+    # returns that do not vary within any group: no std to rank
+    flat = energy_reward_std_correlation(energy, roles, mask, torch.zeros(8), groups)
+    assert math.isnan(flat["energy_spearman_action"]) and flat["reward_std_mean"] == 0.0

@@ -10,7 +10,7 @@ pytest.importorskip("trl", reason="needs `make trl`")
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
-from tokenergy.energy import actfocus_weights
+from tokenergy.energy import actfocus_softmax_weights, actfocus_weights
 from tokenergy.integrations.trl import ActFocusGRPOTrainer, completion_roles
 from tokenergy.models import build_agent
 from tokenergy.rollout import token_logprobs
@@ -80,8 +80,10 @@ def test_completion_roles_read_the_tags(model_dir):
     assert completion_roles(comp, tok).tolist() == [[F, R, F, F, A, F]]
 
 
-def test_loss_equals_the_hand_weighted_grpo_loss(model_dir, tmp_path):
-    tr = _trainer(model_dir, tmp_path, alpha=0.3, lam=0.8, tau=0.5)
+@pytest.mark.parametrize("weighting", ["actfocus", "actfocus_softmax"])
+def test_loss_equals_the_hand_weighted_grpo_loss(model_dir, tmp_path, weighting):
+    kw = {"alpha": 0.3, "action_beta": 0.8, "lam": 0.8, "tau": 0.5}
+    tr = _trainer(model_dir, tmp_path, weighting=weighting, **kw)
     tr.model.train()
     tr.current_gradient_accumulation_steps = 1
     inputs = _inputs(tr.processing_class, tr.model)
@@ -97,7 +99,10 @@ def test_loss_equals_the_hand_weighted_grpo_loss(model_dir, tmp_path):
     )
     roles = completion_roles(comp, tr.processing_class)
     ref = inputs["ref_per_token_logps"]
-    w = actfocus_weights(roles, -ref, mask, alpha=0.3, lam=0.8, tau=0.5)
+    if weighting == "actfocus":
+        w = actfocus_weights(roles, -ref, mask, alpha=0.3, beta=0.8)
+    else:
+        w = actfocus_softmax_weights(roles, -ref, mask, alpha=0.3, lam=0.8, tau=0.5)
     ratio = torch.exp(logp - inputs["old_per_token_logps"])
     adv = inputs["advantages"][:, None]
     eps_lo, eps_hi = tr.epsilon_low, tr.epsilon_high
@@ -108,7 +113,11 @@ def test_loss_equals_the_hand_weighted_grpo_loss(model_dir, tmp_path):
     expected = ((w * surrogate + tr.beta * kl) * mask).sum() / mask.sum()
     assert loss.item() == pytest.approx(expected.item(), rel=1e-5)
     assert w[roles == int(Role.REASONING)].unique().tolist() == pytest.approx([0.3])
-    assert w[(roles == int(Role.ACTION)) & mask].mean().item() == pytest.approx(1.0, abs=1e-6)
+    action = w[(roles == int(Role.ACTION)) & mask]
+    if weighting == "actfocus":  # bounded in [1, 1 + beta]
+        assert action.min().item() >= 1.0 and action.max().item() <= 1.8
+    else:  # redistributed with mean 1
+        assert action.mean().item() == pytest.approx(1.0, abs=1e-6)
 
 
 def test_no_weighting_is_trls_own_loss(model_dir, tmp_path):

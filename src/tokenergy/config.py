@@ -659,24 +659,29 @@ class TokenEnergyConfig:
     """Per-token energy for LM agents and its uses: loss weights, shaped reward, prior."""
 
     source: str = _f(
-        "ref_surprisal",
-        "token energy source: ref_surprisal, surprisal, entropy, free_energy, "
-        "ref_free_energy (the ActFocus paper's: -logsumexp of the frozen reference's logits), "
-        "kl_ref, ngram_repeat, discriminator, advantage, uncertainty",
+        "ref_free_energy",
+        "token energy source: ref_free_energy (the ActFocus paper's: -logsumexp of the frozen "
+        "reference's logits), ref_surprisal, surprisal, entropy, free_energy, kl_ref, "
+        "ngram_repeat, discriminator, advantage, uncertainty",
     )
     weighting: str = _f(
-        "none", "loss weighting: none, actfocus, bottleneck (z-score) or top_entropy"
+        "none",
+        "loss weighting: none, actfocus (the paper's), actfocus_softmax (ours), bottleneck "
+        "(z-score) or top_entropy",
     )
     shuffle: bool = _f(
         False, "control: permute the weights among tokens of the same role, dropping the energy"
     )
-    alpha: float = _f(0.5, "actfocus: weight of reasoning tokens")
-    lam: float = _f(0.5, "actfocus: redistribution strength in [0, 1]")
-    lam_final: float | None = _f(
-        None, "actfocus: lam at the end of the run (linear); null keeps it"
+    alpha: float = _f(0.1, "actfocus, actfocus_softmax: weight of reasoning tokens, in [0, 1]")
+    beta: float = _f(
+        0.5, "actfocus: action tokens weigh 1 + beta * sigmoid(z-scored energy), beta >= 0"
     )
-    tau: float = _f(1.0, "actfocus: softmax temperature over the action tokens' energy")
-    format_weight: float = _f(1.0, "actfocus: weight of tag tokens")
+    lam: float = _f(0.5, "actfocus_softmax: redistribution strength in [0, 1]")
+    lam_final: float | None = _f(
+        None, "actfocus_softmax: lam at the end of the run (linear); null keeps it"
+    )
+    tau: float = _f(1.0, "actfocus_softmax: softmax temperature over the action tokens' energy")
+    format_weight: float = _f(1.0, "actfocus, actfocus_softmax: weight of tag tokens")
     threshold_std: float = _f(1.5, "bottleneck: z-score above which a token is a bottleneck")
     weight_scale: float = _f(2.0, "bottleneck: weight of a bottleneck token")
     weight_scale_final: float | None = _f(
@@ -695,7 +700,7 @@ class TokenEnergyConfig:
         "without a new best eval/success; 0 turns it off",
     )
     warmup_iters: int = _f(0, "RL iterations trained without weights, shaping or prior")
-    beta: float = _f(5.0, "advantage source sharpness: E = sigmoid(-beta * A)")
+    adv_beta: float = _f(5.0, "advantage source sharpness: E = sigmoid(-adv_beta * A)")
     ngram: int = _f(3, "ngram_repeat: n-gram length")
     window: int = _f(4, "discriminator / uncertainty: tokens of context they read")
 
@@ -708,8 +713,9 @@ class TokenEnergyConfig:
             "weighting",
             TOKEN_WEIGHTINGS.unknown_message(self.weighting),
         )
-        _in_range(self.alpha, "alpha", 0.0, None)
-        # Outside [0, 1] ActFocus weights can turn negative (lam > 1) or stop summing to N_a.
+        _in_range(self.alpha, "alpha", 0.0, 1.0)
+        _in_range(self.beta, "beta", 0.0, None)
+        # Outside [0, 1] actfocus_softmax weights can turn negative (lam > 1) or stop summing to N_a.
         _in_range(self.lam, "lam", 0.0, 1.0)
         if self.lam_final is not None:
             _in_range(self.lam_final, "lam_final", 0.0, 1.0)
@@ -724,7 +730,7 @@ class TokenEnergyConfig:
         _in_range(self.prior_tau, "prior_tau", 0.0, None, lo_open=True)
         _in_range(self.beta_patience, "beta_patience", 0, None)
         _in_range(self.warmup_iters, "warmup_iters", 0, None)
-        _in_range(self.beta, "beta", 0.0, None, lo_open=True)
+        _in_range(self.adv_beta, "adv_beta", 0.0, None, lo_open=True)
         _in_range(self.ngram, "ngram", 1, None)
         _in_range(self.window, "window", 1, None)
         if self.shuffle and self.weighting == "none":

@@ -36,6 +36,7 @@ __all__ = [
     "WEIGHTINGS",
     "EnergyInputs",
     "TokenEnergyInputs",
+    "actfocus_softmax_weights",
     "actfocus_weights",
     "advantage_energy",
     "bottleneck_weights",
@@ -226,12 +227,57 @@ def actfocus_weights(
     roles: torch.Tensor,
     energy: torch.Tensor,
     mask: torch.Tensor,
+    alpha: float = 0.1,
+    beta: float = 0.5,
+    format_weight: float = 1.0,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """ActFocus per-token loss weights as the paper defines them (He et al., arXiv:2605.14558).
+
+    ``alpha`` on trained reasoning tokens; ``1 + beta * sigmoid((E - mu) / sigma)`` on trained
+    action tokens, where ``mu`` and ``sigma = sqrt(mean((E - mu)^2) + eps)`` are taken over the
+    trained action tokens of the whole batch; ``format_weight`` on trained tag tokens; 0 where
+    ``mask`` is false. Action weights lie in ``[1, 1 + beta]``; a single action token gets
+    ``1 + beta / 2``. ``alpha = 1, beta = 0`` (and ``format_weight = 1``) is uniform.
+
+    Args:
+        roles: ``[B, T]`` :class:`~tokenergy.types.Role` values.
+        energy: ``[B, T]`` (the paper's: the frozen reference's free energy).
+        mask: ``[B, T]`` bool, the trained tokens.
+        alpha: reasoning-token weight.
+        beta: action-weight strength.
+        format_weight: weight of the tag tokens.
+        eps: added to the variance before the square root.
+
+    Returns:
+        ``[B, T]`` float32 weights.
+    """
+    masks = _role_masks(roles, mask)
+    w = torch.zeros(energy.shape, dtype=torch.float32, device=energy.device)
+    w[masks[Role.REASONING]] = float(alpha)
+    w[masks[Role.FORMAT]] = float(format_weight)
+    act = masks[Role.ACTION]
+    if act.any():
+        e = energy[act].double()
+        mu = e.mean()
+        sigma = torch.sqrt(((e - mu) ** 2).mean() + eps)
+        w[act] = (1.0 + beta * torch.sigmoid((e - mu) / sigma)).float()
+    return w
+
+
+@torch.no_grad()
+def actfocus_softmax_weights(
+    roles: torch.Tensor,
+    energy: torch.Tensor,
+    mask: torch.Tensor,
     alpha: float,
     lam: float,
     tau: float,
     format_weight: float = 1.0,
 ) -> torch.Tensor:
-    """ActFocus per-token loss weights (He et al., arXiv:2605.14558).
+    """Our softmax variant of ActFocus weights (not the paper's form: that is
+    :func:`actfocus_weights`). It can put hundreds of times the mean weight on a few action
+    tokens of a batch (docs/results/actfocus).
 
     Base weight ``w0``: ``alpha`` on reasoning tokens, 1 on action tokens, ``format_weight`` on
     format tokens, 0 outside ``mask``. Over the ``N_a`` action tokens of the whole batch,
@@ -255,7 +301,7 @@ def actfocus_weights(
         ``[B, T]`` weights.
     """
     if tau <= 0:
-        raise ValueError(f"actfocus_weights: tau must be > 0, got {tau}")
+        raise ValueError(f"actfocus_softmax_weights: tau must be > 0, got {tau}")
     masks = _role_masks(roles, mask)
     w = torch.zeros_like(energy, dtype=torch.float32)
     w[masks[Role.REASONING]] = float(alpha)
@@ -507,7 +553,7 @@ def _token_ngram(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
 
 @TOKEN_ENERGIES.register("advantage")
 def _token_advantage(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
-    return advantage_energy(_needs(inputs, "advantages", "advantage"), cfg.beta)
+    return advantage_energy(_needs(inputs, "advantages", "advantage"), cfg.adv_beta)
 
 
 @TOKEN_ENERGIES.register("discriminator")
@@ -527,7 +573,14 @@ def _token_none(energy, roles, mask, cfg) -> torch.Tensor:
 
 @TOKEN_WEIGHTINGS.register("actfocus")
 def _token_actfocus(energy, roles, mask, cfg) -> torch.Tensor:
-    return actfocus_weights(roles, energy, mask, cfg.alpha, cfg.lam, cfg.tau, cfg.format_weight)
+    return actfocus_weights(roles, energy, mask, cfg.alpha, cfg.beta, cfg.format_weight)
+
+
+@TOKEN_WEIGHTINGS.register("actfocus_softmax")
+def _token_actfocus_softmax(energy, roles, mask, cfg) -> torch.Tensor:
+    return actfocus_softmax_weights(
+        roles, energy, mask, cfg.alpha, cfg.lam, cfg.tau, cfg.format_weight
+    )
 
 
 @TOKEN_WEIGHTINGS.register("bottleneck")

@@ -162,7 +162,7 @@ class TokenCredit:
             rm = mask & (traj.roles == int(role))
             row[f"energy/{name}"] = float(masked_mean(energy, rm))
             row[f"weights/{name}"] = float(masked_mean(w, rm))
-        if self.e.weighting == "actfocus":
+        if self.e.weighting == "actfocus_softmax":
             row["energy/lam"] = self.params(iteration).lam
         if self.e.weighting == "bottleneck":
             row["energy/weight_scale"] = self.params(iteration).weight_scale

@@ -59,13 +59,18 @@ class ActFocusGRPOTrainer(GRPOTrainer):
     """``trl.GRPOTrainer`` with per-token loss weights (ActFocus by default).
 
     Args (besides ``GRPOTrainer``'s):
-        weighting: a :data:`~tokenergy.energy.TOKEN_WEIGHTINGS` name: ``actfocus``,
-            ``bottleneck``, ``top_entropy`` or ``none``.
+        weighting: a :data:`~tokenergy.energy.TOKEN_WEIGHTINGS` name: ``actfocus`` (the
+            paper's), ``actfocus_softmax`` (ours), ``bottleneck``, ``top_entropy`` or ``none``.
         energy: ``ref_surprisal`` (``-log π_ref``; needs ``GRPOConfig(beta > 0)``, which makes
             TRL compute the reference log-probs), ``surprisal`` (``-log π_old``; one extra
             forward without gradient when TRL did not keep the old log-probs), ``entropy``
-            (the same forward), or a function ``inputs -> [B, T]`` energy.
-        alpha, lam, tau, format_weight: ActFocus (see :func:`tokenergy.energy.actfocus_weights`).
+            (the same forward), or a function ``inputs -> [B, T]`` energy. TRL keeps only the
+            reference's log-prob of the sampled token, not the logsumexp of its logits, so
+            the paper's reference free energy needs a function here.
+        alpha, action_beta, format_weight: ActFocus (see
+            :func:`tokenergy.energy.actfocus_weights`; ``action_beta`` is the paper's ``beta``,
+            named apart from TRL's own ``beta``, its KL coefficient).
+        lam, tau: ``actfocus_softmax`` (see :func:`tokenergy.energy.actfocus_softmax_weights`).
         threshold_std, weight_scale, smooth: the ``bottleneck`` weighting.
         top_rho: the ``top_entropy`` weighting.
         shuffle: the control, weights permuted among tokens of one role.
@@ -76,7 +81,8 @@ class ActFocusGRPOTrainer(GRPOTrainer):
         *args: Any,
         weighting: str = "actfocus",
         energy: str | EnergyFn = "ref_surprisal",
-        alpha: float = 0.5,
+        alpha: float = 0.1,
+        action_beta: float = 0.5,
         lam: float = 0.5,
         tau: float = 1.0,
         format_weight: float = 1.0,
@@ -91,6 +97,10 @@ class ActFocusGRPOTrainer(GRPOTrainer):
             raise ValueError(TOKEN_WEIGHTINGS.unknown_message(weighting))
         if not 0.0 <= lam <= 1.0:
             raise ValueError(f"lam must be in [0, 1], got {lam}")
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        if action_beta < 0.0:
+            raise ValueError(f"action_beta must be >= 0, got {action_beta}")
         if not callable(energy) and energy not in ("ref_surprisal", "surprisal", "entropy"):
             raise ValueError(
                 f"energy must be ref_surprisal, surprisal, entropy or a function, got {energy!r}"
@@ -104,7 +114,7 @@ class ActFocusGRPOTrainer(GRPOTrainer):
         self.weighting = weighting
         self.energy = energy
         self.weight_cfg = SimpleNamespace(
-            alpha=alpha, lam=lam, tau=tau, format_weight=format_weight,
+            alpha=alpha, beta=action_beta, lam=lam, tau=tau, format_weight=format_weight,
             threshold_std=threshold_std, weight_scale=weight_scale, smooth=smooth,
             top_rho=top_rho,
         )  # fmt: skip
