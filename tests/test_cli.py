@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
@@ -10,6 +11,7 @@ import yaml
 from tokenergy.runs import latest_checkpoint, load_checkpoint
 
 CLI = [sys.executable, "-m", "tokenergy.cli"]
+SOKOBAN = Path(__file__).parent.parent / "configs" / "sokoban-ppo.yaml"
 TINY = [
     "--ppo.total-steps",
     "512",
@@ -57,6 +59,14 @@ def test_help(cmd):
         (["config", "--ppo.epochs", "many"], "ppo.epochs: must be int, got 'many' (str)"),
         (["train", "missing.yaml"], "config file 'missing.yaml' not found"),
         (["report", "no-such-dir"], "'no-such-dir' is not a folder"),
+        (
+            ["config", str(SOKOBAN), "--energy.alpha", "1.5"],
+            "energy.alpha: must be in [0, 1], got 1.5",
+        ),
+        (
+            ["config", str(SOKOBAN), "--energy.beta", "-1"],
+            "energy.beta: must be in [0, inf], got -1.0",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args, text, tmp_path):
@@ -176,9 +186,12 @@ def test_lm_train_then_eval_end_to_end(tmp_path):
     assert res.returncode == 0, res.stderr
     rows = json.loads((out / "search-beam.json").read_text())
     assert [r["method"] for r in rows] == ["greedy", "sampled", "beam (width 2, c 1)"]
-    res = run("diagnose", str(out), "--now", "--seeds", "2", "--group", "2")
+    res = run("diagnose", str(out), "--now", "--seeds", "3", "--group", "2",
+              "--reference", str(out / "agent"))  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert (out / "report" / "diagnose.png").is_file() and "action" in res.stdout
+    table = (out / "report" / "diagnose.md").read_text()
+    assert "energy rho, action" in table and "| 3 |" in table  # the paper's, over 3 groups
     res = run("report", str(out))
     assert res.returncode == 0, res.stderr
     assert "per-token pictures" in res.stdout and (out / "report" / "tokens.html").is_file()

@@ -393,9 +393,17 @@ def diagnose(
     ),
     seeds: int = typer.Option(8, "--seeds", min=1, help="With --now: env seeds."),
     group: int = typer.Option(8, "--group", min=2, help="With --now: rollouts per env seed."),
+    reference: Path | None = typer.Option(
+        None,
+        "--reference",
+        help="With --now: the frozen reference agent (e.g. the SFT start) whose free energy "
+        "the energy diagnostic reads; without it, the agent's own.",
+    ),
 ) -> None:
-    """The action-bottleneck diagnostic: per role, mean |corr| between the episode return and the
-    summed token log-probability across rollouts of one env seed, beside the role's token share.
+    """The action-bottleneck diagnostics. Per role, mean |corr| between the episode return and
+    the summed token log-probability across rollouts of one env seed, beside the role's token
+    share; and the ActFocus paper's: across env seeds, Spearman's rho (and p) between the std of
+    the returns and the mean energy over action, reasoning and all tokens.
 
     Reads the diag/* metrics the run logged at each evaluation (eval.diagnose_seeds > 0) and
     plots them over training; --now (or a run without them) measures the final agent.
@@ -417,8 +425,13 @@ def diagnose(
         if not agent_dir.is_dir():
             raise RunDirError(f"{str(agent_dir)!r} not found: the run has not finished")
         console.print(f"measuring the final agent: {seeds} env seeds x {group} rollouts")
-        agent = load_agent(agent_dir).to(resolve_device(cfg.device))
-        res = action_bottleneck(agent, cfg, seeds, group, torch.Generator().manual_seed(cfg.seed))
+        device = resolve_device(cfg.device)
+        agent = load_agent(agent_dir).to(device)
+        ref = None
+        if reference is not None:
+            ref = load_agent(reference).policy.to(device).eval().requires_grad_(False)
+        gen = torch.Generator().manual_seed(cfg.seed)
+        res = action_bottleneck(agent, cfg, seeds, group, gen, reference=ref)
         last = max((int(r.get("train/iteration", 0)) for r in rows), default=0)
         rows = [{"train/iteration": last, **res}]
     png, md = write_diagnose(run_dir, [r for r in rows if "diag/share_action" in r])

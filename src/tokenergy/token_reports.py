@@ -248,8 +248,10 @@ def write_diagnose(run_dir: str | Path, rows: list[dict[str, Any]] | None = None
     """The action-bottleneck diagnostic of one run over training.
 
     Returns:
-        ``(png path, markdown table)``; the table has one row per evaluation with mean
-        ``|corr|`` and token share of action and reasoning tokens.
+        ``(png path, markdown table)``, the table also written to ``report/diagnose.md``; it
+        has one row per evaluation with mean ``|corr|`` and token share of action and
+        reasoning tokens, and the paper's energy diagnostic: Spearman's rho (p) between the
+        groups' return std and their mean energy.
     """
     run_dir = Path(run_dir)
     rows = rows if rows is not None else read_metrics(run_dir)
@@ -276,16 +278,25 @@ def write_diagnose(run_dir: str | Path, rows: list[dict[str, Any]] | None = None
     def f(v: Any) -> str:
         return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.3f}"
 
+    def rho(r: dict[str, Any], part: str) -> str:
+        v, p = r.get(f"diag/energy_spearman_{part}"), r.get(f"diag/energy_p_{part}")
+        if v is None or math.isnan(v):
+            return "—"
+        return f"{v:+.3f} (p {p:.2g})"
+
     lines = [
-        "| iteration | action abs corr | action share | reasoning abs corr | reasoning share |",
-        "|---|---|---|---|---|",
+        "| iteration | action abs corr | action share | reasoning abs corr | reasoning share "
+        "| groups | energy rho, action | energy rho, reasoning | energy rho, all |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in diag:
         lines.append(
             f"| {int(r.get('train/iteration', 0))} | {f(r.get('diag/corr_action'))} | "
             f"{f(r.get('diag/share_action'))} | {f(r.get('diag/corr_reasoning'))} | "
-            f"{f(r.get('diag/share_reasoning'))} |"
+            f"{f(r.get('diag/share_reasoning'))} | {int(r.get('diag/energy_groups', 0))} | "
+            f"{rho(r, 'action')} | {rho(r, 'reasoning')} | {rho(r, 'all')} |"
         )
+    (out / "diagnose.md").write_text("\n".join(lines) + "\n")
     return png, "\n".join(lines)
 
 

@@ -493,14 +493,16 @@ def _check_parallel(cfg: LMRunConfig, par: Parallel) -> None:
         )
 
 
-def _diagnose(agent, cfg: LMRunConfig, generator: torch.Generator) -> dict[str, float]:
-    """The action-bottleneck diagnostic's ``diag/*`` metrics, when the config asks for it."""
+def _diagnose(agent, cfg: LMRunConfig, generator: torch.Generator, ref=None) -> dict[str, float]:
+    """The action-bottleneck diagnostics' ``diag/*`` metrics, when the config asks for them;
+    the energy is the frozen reference's free energy (the agent's own before RL, or when the
+    run keeps no reference)."""
     if cfg.eval.diagnose_seeds == 0:
         return {}
     from tokenergy.diagnostics import action_bottleneck
 
     return action_bottleneck(
-        agent, cfg, cfg.eval.diagnose_seeds, cfg.eval.diagnose_group, generator
+        agent, cfg, cfg.eval.diagnose_seeds, cfg.eval.diagnose_group, generator, reference=ref
     )
 
 
@@ -946,7 +948,7 @@ def train_lm(
         if (iteration + 1) % cfg.eval.every == 0 or last:
             ev = evaluate(agent, cfg, par=par)
             if par.is_main:
-                ev.update(_diagnose(agent, cfg, diag_gen))
+                ev.update(_diagnose(agent, cfg, diag_gen, ref))
             row.update(ev)
             evals.append({"train/iteration": iteration + 1, **ev})
             credit.after_eval(ev["eval/success"])
