@@ -14,14 +14,21 @@ from tokenergy.envs.sudoku import count_solutions
 from tokenergy.envs.text import extract_answer, split_actions
 
 PAPER = {"max_actions_per_turn": 2, "max_steps": 10, "strict_format": True}  # ActFocus's form
+PAPER_CODE = {**PAPER, "extra_actions": "drop"}  # and its code's handling of extra moves
 ENV_ARGS = {
     "frozenlake": [
         {},
         {"is_slippery": True},
         {"map_size": 5},
         {**PAPER, "is_slippery": True, "observation": "coords", "plan_in_reasoning": False},
+        {**PAPER_CODE, "is_slippery": True, "observation": "coords", "plan_in_reasoning": False},
     ],
-    "sokoban": [{}, {"num_boxes": 2, "size": 7}, {**PAPER, "plan_in_reasoning": False}],
+    "sokoban": [
+        {},
+        {"num_boxes": 2, "size": 7},
+        {**PAPER, "plan_in_reasoning": False},
+        {**PAPER_CODE, "plan_in_reasoning": False},
+    ],
     "sudoku4": [
         {},
         {"num_holes": 10},
@@ -219,6 +226,29 @@ def test_sokoban_several_moves_per_turn_and_cap():
     env.reset()
     _, r, _, _, info = env.step(answer("Right || Right || Right || Right"))
     assert info["invalid"] and env.player == (1, 1) and r == pytest.approx(-0.1)
+
+
+@pytest.mark.parametrize("name", ["sokoban", "frozenlake"])
+def test_extra_actions_drop_plays_the_first_moves_as_the_papers_code(name):
+    level = {"level": ["#########", "#P______#", "#_X____O#", "#########"]}
+    kw = level if name == "sokoban" else {"desc": ["SFFF", "FFFF", "FFFF", "FFFG"]}
+    env = make(name, **kw, max_actions_per_turn=2, extra_actions="drop")
+    start = env.reset()[0]
+    at = lambda e: e.player if name == "sokoban" else e.pos  # noqa: E731
+    _, _, _, _, info = env.step(answer("Right || Right || Down || Up"))  # 4 moves: 2 played
+    assert not info["invalid"] and at(env) in ((1, 3), (0, 2)) and env.steps == 2
+    _, _, _, _, info = env.step(answer("Right || || || Right"))  # empty parts are skipped
+    assert not info["invalid"] and env.steps == 4
+    for bad in ("|| ||", "Right || Jump", "Jump || Right || Right"):  # nothing, an unknown move
+        before = env.steps
+        _, r, _, _, info = env.step(answer(bad))
+        assert info["invalid"] and r == pytest.approx(-0.1) and env.steps == before + 1
+    strict = make(name, **kw, max_actions_per_turn=2)  # the default: too many moves is invalid
+    assert strict.reset()[0] == start
+    assert strict.step(answer("Right || Right || Down"))[4]["invalid"]
+    assert strict.step(answer("Right || || Right"))[4]["invalid"]
+    with pytest.raises(ValueError, match="extra_actions must be one of invalid, drop"):
+        make(name, **kw, extra_actions="keep")
 
 
 # --------------------------------------------------------------------------- Sudoku

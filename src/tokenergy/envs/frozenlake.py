@@ -69,6 +69,7 @@ class FrozenLakeText(TextEnv):
             Right``); without it the scratchpad states what is seen (position, goal and the
             holes next to the player) and the move is decided in the answer.
         strict_format: a turn not exactly ``<think>…</think> <answer>…</answer>`` is invalid.
+        extra_actions: ``invalid`` or ``drop`` (see :class:`~tokenergy.envs.text.TextEnv`).
     """
 
     name = "frozenlake"
@@ -87,8 +88,11 @@ class FrozenLakeText(TextEnv):
         observation: str = "grid",
         plan_in_reasoning: bool = True,
         strict_format: bool = False,
+        extra_actions: str = "invalid",
     ) -> None:
-        super().__init__(max_steps, max_actions_per_turn, invalid_penalty, strict_format)
+        super().__init__(
+            max_steps, max_actions_per_turn, invalid_penalty, strict_format, extra_actions
+        )
         self.observation_format = self.checked_observation(observation)
         self.plan_in_reasoning = plan_in_reasoning
         if desc is not None:

@@ -117,6 +117,7 @@ class SokobanText(TextEnv):
             zero-indexed positions of the player, every box and every target first, then
             the grid).
         strict_format: a turn not exactly ``<think>…</think> <answer>…</answer>`` is invalid.
+        extra_actions: ``invalid`` or ``drop`` (see :class:`~tokenergy.envs.text.TextEnv`).
     """
 
     name = "sokoban"
@@ -136,8 +137,11 @@ class SokobanText(TextEnv):
         plan_in_reasoning: bool = True,
         observation: str = "grid",
         strict_format: bool = False,
+        extra_actions: str = "invalid",
     ) -> None:
-        super().__init__(max_steps, max_actions_per_turn, invalid_penalty, strict_format)
+        super().__init__(
+            max_steps, max_actions_per_turn, invalid_penalty, strict_format, extra_actions
+        )
         self.observation_format = self.checked_observation(observation)
         self.plan_in_reasoning = plan_in_reasoning
         if level is None and size < 5:

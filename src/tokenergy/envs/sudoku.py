@@ -60,6 +60,7 @@ class Sudoku4Text(TextEnv):
             without it the scratchpad states the cell and its candidates, and the answer
             decides.
         strict_format: a turn not exactly ``<think>…</think> <answer>…</answer>`` is invalid.
+        extra_actions: ``invalid`` or ``drop`` (see :class:`~tokenergy.envs.text.TextEnv`).
     """
 
     name = "sudoku4"
@@ -77,8 +78,11 @@ class Sudoku4Text(TextEnv):
         observation: str = "grid",
         plan_in_reasoning: bool = True,
         strict_format: bool = False,
+        extra_actions: str = "invalid",
     ) -> None:
-        super().__init__(max_steps, max_actions_per_turn, invalid_penalty, strict_format)
+        super().__init__(
+            max_steps, max_actions_per_turn, invalid_penalty, strict_format, extra_actions
+        )
         self.observation_format = self.checked_observation(observation)
         self.plan_in_reasoning = plan_in_reasoning
         if not 1 <= num_holes <= 12:

@@ -5,7 +5,8 @@ A text env speaks Gymnasium's semantics with strings: ``reset(*, seed=None, opti
 agent's whole turn (``<think>…</think><answer>…</answer>``) is passed to ``step``; the env
 reads the moves from the ``<answer>`` span. Anything it cannot use — no answer span, an empty
 or over-long answer, an unknown move, unicode garbage, more moves than ``max_actions_per_turn``
-— is an *invalid* turn: ``invalid_penalty``, state unchanged, ``info["invalid"] = True``, and
+(unless ``extra_actions="drop"``, the ActFocus paper's code: keep the first ones) — is an
+*invalid* turn: ``invalid_penalty``, state unchanged, ``info["invalid"] = True``, and
 it still counts against ``max_steps``. It never raises.
 
 Every env also carries a scripted solver (:meth:`TextEnv.solver_action`), the scratchpad a
@@ -49,6 +50,7 @@ _STRUCTURE = re.compile(
     r"\s*<think>(?:(?!<think>|<answer>).)*</think>\s*<answer>(?:(?!<answer>|</answer>).)*</answer>\s*$",
     re.DOTALL,
 )
+EXTRA_ACTIONS = ("invalid", "drop")  # what an answer with too many moves is (TextEnv)
 MAX_TURN_CHARS = 4096  # a longer turn is invalid without being parsed further
 
 
@@ -116,6 +118,10 @@ class TextEnv(abc.ABC):
         invalid_penalty: reward of an invalid turn.
         strict_format: a turn that is not exactly ``<think>…</think> <answer>…</answer>``
             (the ActFocus paper's format check) is invalid too, answer or not.
+        extra_actions: ``"invalid"``: an answer with more than ``max_actions_per_turn`` moves
+            (or an empty one between two ``||``) is an invalid turn; ``"drop"``: empty parts
+            are skipped and only the first ``max_actions_per_turn`` moves are played, as the
+            code the ActFocus paper ran on (RAGEN) does.
     """
 
     name: str = "text"
@@ -129,6 +135,7 @@ class TextEnv(abc.ABC):
         max_actions_per_turn: int = 1,
         invalid_penalty: float = -0.1,
         strict_format: bool = False,
+        extra_actions: str = "invalid",
     ) -> None:
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
@@ -138,6 +145,12 @@ class TextEnv(abc.ABC):
         self.max_actions_per_turn = max_actions_per_turn
         self.invalid_penalty = float(invalid_penalty)
         self.strict_format = bool(strict_format)
+        if extra_actions not in EXTRA_ACTIONS:
+            raise ValueError(
+                f"{self.name}: extra_actions must be one of {', '.join(EXTRA_ACTIONS)}, "
+                f"got {extra_actions!r}"
+            )
+        self.extra_actions = extra_actions
         self.steps = 0
         self.done = False
         self.rng = np.random.default_rng()
@@ -248,7 +261,9 @@ class TextEnv(abc.ABC):
         if not answer:
             return None
         parts = split_actions(answer)
-        if len(parts) > self.max_actions_per_turn:
+        if self.extra_actions == "drop":
+            parts = [p for p in parts if p][: self.max_actions_per_turn]
+        if not parts or len(parts) > self.max_actions_per_turn:
             return None
         moves = [self._parse(p) for p in parts]
         return None if any(m is None for m in moves) else moves
