@@ -48,6 +48,23 @@ def test_plan_shares_one_sft_agent_per_env_and_seed(tmp_path):
         plan_lm_ablation(_base(**{"ablation.variants": {"sft": {}}}), 1, tmp_path)
 
 
+def test_cells_override_one_env_variant_alone(tmp_path):
+    from tokenergy.config import ConfigError
+
+    cells = {"sokoban/actfocus-ppo": {"rollout.keep_groups": 0.5, "energy.beta": 1.0}}
+    _, rl = plan_lm_ablation(_base(**{"ablation.cells": cells}), 1, tmp_path)
+    got = {s.variant: (s.cfg.rollout.keep_groups, s.cfg.energy.beta) for s in rl}
+    assert got == {
+        "frozenlake/ppo": (1.0, 0.5),
+        "frozenlake/actfocus-ppo": (1.0, 0.5),
+        "sokoban/ppo": (1.0, 0.5),
+        "sokoban/actfocus-ppo": (0.5, 1.0),  # the variant's weighting kept, the cell's added
+    }
+    assert rl[-1].cfg.energy.weighting == "actfocus"
+    with pytest.raises(ConfigError, match="cells.sokoban/grpo: must name an env"):
+        _base(**{"ablation.cells": {"sokoban/grpo": {}}})
+
+
 def test_small_ablation_report_and_resume(tmp_path):
     out = tmp_path / "abl"
     base = _base(**{"ablation.envs": {"frozenlake": {}}})

@@ -812,6 +812,13 @@ class LMAblationConfig:
             "help": "env label -> overrides (env.name, env.kwargs, ...); empty: the base env only"
         },
     )
+    cells: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "'env/variant' -> overrides for that env's variant alone, applied after "
+            "the variant's (e.g. frozenlake/grpo: {rollout.keep_groups: 1.0})"
+        },
+    )
     metric: str = _f("eval/success", "metric whose final value the table reports")
 
     def __post_init__(self) -> None:
@@ -820,7 +827,19 @@ class LMAblationConfig:
             "variants",
             "must map at least one variant name to a dict of overrides",
         )
-        for section, table in (("variants", self.variants), ("envs", self.envs)):
+        for cell in self.cells:
+            env, _, variant = str(cell).partition("/")
+            _check(
+                variant in self.variants and (env in self.envs or not self.envs),
+                f"cells.{cell}",
+                f"must name an env of ablation.envs and a variant of ablation.variants as "
+                f"'env/variant' (variants: {', '.join(self.variants)})",
+            )
+        for section, table in (
+            ("variants", self.variants),
+            ("envs", self.envs),
+            ("cells", self.cells),
+        ):
             for name, overrides in table.items():
                 _check(
                     isinstance(overrides, dict),

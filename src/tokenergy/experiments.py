@@ -206,6 +206,7 @@ def plan_lm_ablation(base: Any, seeds: int, out: str | Path) -> tuple[list[RunSp
                     env_base,
                     {
                         **overrides,
+                        **base.ablation.cells.get(f"{env_label}/{variant}", {}),
                         "seed": seed,
                         "name": f"{env_label}-{variant}-s{k}",
                         "model.path": str(sft_out / "agent"),
