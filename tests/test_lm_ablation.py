@@ -61,7 +61,7 @@ def test_cells_override_one_env_variant_alone(tmp_path):
         "sokoban/actfocus-ppo": (0.5, 1.0),  # the variant's weighting kept, the cell's added
     }
     assert rl[-1].cfg.energy.weighting == "actfocus"
-    with pytest.raises(ConfigError, match="cells.sokoban/grpo: must name an env"):
+    with pytest.raises(ConfigError, match=r"cells\.sokoban/grpo: must name an env"):
         _base(**{"ablation.cells": {"sokoban/grpo": {}}})
 
 
