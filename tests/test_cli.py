@@ -163,9 +163,8 @@ LM_TINY = [
 
 def test_lm_train_then_eval_end_to_end(tmp_path):
     out = tmp_path / "lm"
-    res = run(
-        "train", "configs/sokoban-grpo.yaml", "--out", str(out), *LM_TINY, "--log.progress", "false"
-    )
+    res = run("train", "configs/sokoban-grpo.yaml", "--out", str(out), *LM_TINY,
+              "--log.progress", "false", "--threads", "1")  # fmt: skip
     assert res.returncode == 0, res.stderr
     assert "held-out success" in res.stdout
     cfg = yaml.safe_load((out / "config.yaml").read_text())

@@ -105,10 +105,22 @@ def train(
         help="Continue this run folder from its newest complete checkpoint (its own config; "
         "a CONFIG given must resolve to the same).",
     ),
+    threads: int | None = typer.Option(
+        None,
+        "--threads",
+        min=1,
+        help="CPU threads for torch (default: torch's, one per core); give 1 to each of two "
+        "runs sharing 2 cores, which otherwise slow each other down several times over.",
+    ),
 ) -> None:
     """Train one run. Extra --section.field VALUE options override the config."""
     from tokenergy.experiments import run_training
     from tokenergy.reports import final_value
+
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
 
     if resume is not None:
         cfg = load_config(resume / "config.yaml")
