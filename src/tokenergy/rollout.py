@@ -9,9 +9,11 @@ with a ``roles [B, T]`` tensor of :class:`~tokenergy.types.Role` (observation te
 reward on the last token of that turn. The final observation is kept so the value of the state
 after the last turn can bootstrap a truncated episode.
 
-Generation is batched over the active environments, one turn at a time: the whole context is
-prefilled, then tokens are sampled one by one with a KV cache until every sequence has closed
-its ``</answer>`` (or written ``<eos>``, or hit the per-turn cap). Log-probs, values and
+Generation is batched over the active environments, one turn at a time, by a
+:class:`TurnGenerator`: each episode's KV cache lives across its turns, so a turn feeds the
+model only the new observation, then samples token by token until every sequence has closed
+its ``</answer>`` (or written ``<eos>``, or hit the per-turn cap); finished episodes leave the
+batch. Log-probs, values and
 reference log-probs are *not* taken during sampling: :func:`score` recomputes them in one
 full forward pass, so old and new log-probs come from the same computation.
 """
@@ -32,6 +34,7 @@ __all__ = [
     "Episode",
     "Scored",
     "Trajectories",
+    "TurnGenerator",
     "assign_roles",
     "collate",
     "encode_observation",
@@ -224,6 +227,122 @@ def _grid_of(policy: torch.nn.Module):
     return getattr(getattr(base, "model", None), "grid", None)
 
 
+class TurnGenerator:
+    """Writes the next turn of a fixed set of episodes, keeping each one's KV cache between
+    turns.
+
+    Called with each row's whole context so far, it feeds the model only the tokens it has
+    not seen (a turn's new observation, and the last token of the previous turn), then samples
+    until every row has written a stop token (included) or ``max_new_tokens``. Rows are
+    independent: a row's tokens do not depend on the others'. :meth:`keep` drops the rows
+    whose episodes finished. Llama models run the lean engine
+    (:class:`~tokenergy.models.fast_decode.LlamaDecoder`); other architectures prefill the
+    whole left-padded context every turn through the Hugging Face forward.
+    """
+
+    def __init__(
+        self,
+        policy: torch.nn.Module,
+        stop_ids: set[int],
+        pad_id: int,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        generator: torch.Generator | None,
+    ) -> None:
+        self.policy = policy
+        self.stop = torch.tensor(sorted(stop_ids))
+        self.pad_id = pad_id
+        self.max_new_tokens = max_new_tokens
+        self.temperature, self.top_p, self.generator = temperature, top_p, generator
+        self.decoder = decoder_for(policy)  # Llama models: the lean engine, same logits
+        self.started = False
+
+    def keep(self, rows: Sequence[int]) -> None:
+        """Keep only ``rows`` (indices into the last call's contexts, in order)."""
+        if self.decoder is not None and self.started:
+            self.decoder.keep(list(rows))
+
+    @torch.no_grad()
+    def __call__(self, contexts: list[list[int]]) -> list[list[int]]:
+        """The new tokens of each row."""
+        if self.decoder is None:
+            return self._uncached(contexts)
+        dec = self.decoder
+        if not self.started:
+            dec.start(len(contexts))
+            self.started = True
+        fed = dec.lengths.tolist()
+        logits = dec.append([c[n:] for c, n in zip(contexts, fed, strict=True)])
+        B = len(contexts)
+        written = torch.zeros(B, self.max_new_tokens, dtype=torch.long)
+        lengths = torch.zeros(B, dtype=torch.long)
+        done = torch.zeros(B, dtype=torch.bool)
+        for step in range(self.max_new_tokens):
+            tok = sample_next(logits, self.temperature, self.top_p, self.generator).cpu()
+            written[:, step] = tok
+            live = ~done
+            lengths += live.long()
+            done |= torch.isin(tok, self.stop)
+            if bool(done.all()) or step + 1 == self.max_new_tokens:
+                break  # tokens not fed yet are the start of the next turn's chunk
+            logits = dec.step(tok, live)
+        return [row[:n].tolist() for row, n in zip(written, lengths.tolist(), strict=True)]
+
+    def _uncached(self, contexts: list[list[int]]) -> list[list[int]]:
+        """Prefill the whole left-padded context, then decode with the model's own cache."""
+        policy = self.policy
+        device = next(policy.parameters()).device
+        B = len(contexts)
+        L = max(len(c) for c in contexts)
+        input_ids = torch.full((B, L), self.pad_id, dtype=torch.long)
+        attn = torch.zeros(B, L, dtype=torch.long)
+        for i, c in enumerate(contexts):
+            input_ids[i, L - len(c) :] = torch.tensor(c)
+            attn[i, L - len(c) :] = 1
+        input_ids, attn = input_ids.to(device), attn.to(device)
+        position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
+        grid = _grid_of(policy)  # a grid model: every new token's coordinates from all ids
+        seen = (
+            torch.cat([input_ids, input_ids.new_full((B, self.max_new_tokens), self.pad_id)], 1)
+            if grid is not None
+            else None
+        )
+        out = policy(
+            input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=True
+        )
+        cache, logits = out.cache, out.logits[:, -1]
+        next_pos = position_ids[:, -1] + 1
+        written = torch.zeros(B, self.max_new_tokens, dtype=torch.long)
+        lengths = torch.zeros(B, dtype=torch.long)
+        done = torch.zeros(B, dtype=torch.bool)
+        one = torch.ones(B, 1, dtype=attn.dtype, device=device)
+        for step in range(self.max_new_tokens):
+            tok = sample_next(logits, self.temperature, self.top_p, self.generator).cpu()
+            written[:, step] = tok
+            lengths += (~done).long()
+            done |= torch.isin(tok, self.stop)
+            if bool(done.all()) or step + 1 == self.max_new_tokens:
+                break
+            extra = {}
+            if seen is not None:
+                seen[:, L + step] = tok.to(device)
+                rows, cols = grid.coordinates(seen[:, : L + step + 1])
+                extra = {"grid_coords": (rows[:, -1:], cols[:, -1:])}
+            attn = torch.cat([attn, one], dim=1)
+            out = policy(
+                input_ids=tok[:, None].to(device),
+                attention_mask=attn,
+                position_ids=next_pos[:, None],
+                cache=cache,
+                use_cache=True,
+                **extra,
+            )
+            cache, logits = out.cache, out.logits[:, -1]
+            next_pos = next_pos + 1
+        return [row[:n].tolist() for row, n in zip(written, lengths.tolist(), strict=True)]
+
+
 @torch.no_grad()
 def generate_turns(
     policy: torch.nn.Module,
@@ -235,74 +354,10 @@ def generate_turns(
     top_p: float,
     generator: torch.Generator | None,
 ) -> list[list[int]]:
-    """Continue each context until a stop token (included) or ``max_new_tokens``.
-
-    Contexts are left-padded into one batch; positions count real tokens only, so padding
-    changes nothing. Returns the new tokens of each row.
-    """
-    device = next(policy.parameters()).device
-    B = len(contexts)
-    L = max(len(c) for c in contexts)
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attn = torch.zeros(B, L, dtype=torch.long)
-    for i, c in enumerate(contexts):
-        input_ids[i, L - len(c) :] = torch.tensor(c)
-        attn[i, L - len(c) :] = 1
-    input_ids, attn = input_ids.to(device), attn.to(device)
-    position_ids = (attn.cumsum(-1) - 1).clamp(min=0)
-    grid = _grid_of(policy)  # a grid model: every new token's coordinates from all ids so far
-    seen = (
-        torch.cat([input_ids, input_ids.new_full((B, max_new_tokens), pad_id)], 1)
-        if grid is not None
-        else None
-    )
-
-    def coords(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # recomputed over the whole context each step (O(context) a token); an incremental
-        # rule would carry the segment, row and column along (worth it for long contexts)
-        rows, cols = grid.coordinates(seen[:, : L + step + 1])
-        return rows[:, -1:], cols[:, -1:]
-
-    fast = decoder_for(policy)  # Llama models: the lean decode loop, same logits
-    if fast is not None:
-        logits = fast.forward(input_ids, attn, position_ids, capacity=L + max_new_tokens)
-    else:
-        out = policy(
-            input_ids=input_ids, attention_mask=attn, position_ids=position_ids, use_cache=True
-        )
-        cache, logits = out.cache, out.logits[:, -1]
-    next_pos = position_ids[:, -1] + 1
-    written = torch.zeros(B, max_new_tokens, dtype=torch.long)
-    lengths = torch.zeros(B, dtype=torch.long)
-    done = torch.zeros(B, dtype=torch.bool)
-    stop = torch.tensor(sorted(stop_ids))
-    one = torch.ones(B, 1, dtype=attn.dtype, device=device)
-    for step in range(max_new_tokens):
-        tok = sample_next(logits, temperature, top_p, generator).cpu()
-        written[:, step] = tok
-        if seen is not None:
-            seen[:, L + step] = tok.to(device)
-        lengths += (~done).long()
-        done |= torch.isin(tok, stop)
-        if bool(done.all()):
-            break
-        extra = {} if grid is None else {"grid_coords": coords(step)}
-        if fast is not None:
-            logits = fast.forward(tok[:, None].to(device), one, next_pos[:, None], **extra)
-        else:
-            attn = torch.cat([attn, one], dim=1)
-            out = policy(
-                input_ids=tok[:, None].to(device),
-                attention_mask=attn,
-                position_ids=next_pos[:, None],
-                cache=cache,
-                use_cache=True,
-                **extra,
-            )
-            cache, logits = out.cache, out.logits[:, -1]
-        next_pos = next_pos + 1
-    new = [row[:n].tolist() for row, n in zip(written, lengths.tolist(), strict=True)]
-    return new
+    """Continue each context until a stop token (included) or ``max_new_tokens``; the new
+    tokens of each row (one :class:`TurnGenerator` turn from empty caches)."""
+    gen = TurnGenerator(policy, stop_ids, pad_id, max_new_tokens, temperature, top_p, generator)
+    return gen(contexts)
 
 
 @torch.no_grad()
@@ -363,6 +418,9 @@ def rollout(
         ids = prompt_ids(tokenizer, env, obs, instructions)
         ep.extend(ids, [int(Role.OBSERVATION)] * len(ids))
     active = list(range(len(envs)))
+    writer = TurnGenerator(
+        policy, stop_ids, tokenizer.pad_token_id, max_turn_tokens, temperature, top_p, generator
+    )
     for _turn in range(max_turns):
         if not active:
             break
@@ -371,16 +429,7 @@ def rollout(
                 tokenizer(turn_fn(envs[i]), add_special_tokens=False).input_ids for i in active
             ]
         else:
-            turns = generate_turns(
-                policy,
-                [episodes[i].tokens for i in active],
-                stop_ids,
-                tokenizer.pad_token_id,
-                max_turn_tokens,
-                temperature,
-                top_p,
-                generator,
-            )
+            turns = writer([episodes[i].tokens for i in active])
         still = []
         for i, ids in zip(active, turns, strict=True):
             ep, env = episodes[i], envs[i]
@@ -408,6 +457,8 @@ def rollout(
                 ep.success = bool(info.get("success", env.solved()))
             else:
                 still.append(i)
+        slot = {i: j for j, i in enumerate(active)}
+        writer.keep([slot[i] for i in still])
         active = still
     return episodes
 
