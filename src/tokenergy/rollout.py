@@ -505,7 +505,7 @@ def score(
     agent: torch.nn.Module,
     ref: torch.nn.Module | None,
     traj: Trajectories,
-    batch_size: int = 16,
+    batch_size: int = 32,
     keep_logits: bool = False,
     extras: frozenset[str] = frozenset(),
 ) -> Scored:
@@ -516,61 +516,65 @@ def score(
     frozen reference's, the ActFocus paper's energy, from the reference pass that runs anyway)
     and ``kl_ref`` (the exact KL to the reference, a second softmax over the vocabulary), all
     shifted to the chosen token.
+
+    Rows are scored in order of length, each chunk cut to its longest row, so padding past a
+    chunk's longest row is never computed; every row's numbers are its own (row order does not
+    change them) and come back in the batch's order, zero past each row's end.
     """
     device = agent.device
-    parts: dict[str, list[torch.Tensor]] = {
-        k: []
-        for k in (
-            "logprobs",
-            "ref",
-            "values",
-            "boot",
-            "entropy",
-            "logits",
-            "free",
-            "kl",
-            "ref_free",
-        )
-    }
+    B, T = traj.tokens.shape
+    out_names = ["logprobs", "ref", "values", "entropy", "free", "kl", "ref_free"]
+    full = {k: torch.zeros(B, T) for k in out_names}
+    boot = torch.zeros(B)
+    logits_all = None
+    order = torch.argsort(traj.last_index, descending=True, stable=True)
 
-    def shifted(x: torch.Tensor) -> torch.Tensor:  # (b, T): position t describes token t
-        return torch.cat([x.new_zeros(x.shape[0], 1), x[:, :-1]], 1).cpu()
+    def put(name: str, rows: torch.Tensor, x: torch.Tensor) -> None:
+        # x (b, n) describes the predicting position; shift it to the chosen token
+        full[name][rows, 1 : x.shape[1]] = x[:, :-1].float().cpu()
 
-    for start in range(0, traj.batch_size, batch_size):
-        rows = slice(start, start + batch_size)
-        tokens = traj.tokens[rows].to(device)
-        attn = traj.attention_mask[rows].to(device)
+    for start in range(0, B, batch_size):
+        rows = order[start : start + batch_size]
+        n = int(traj.last_index[rows].max()) + 1
+        tokens = traj.tokens[rows, :n].to(device)
+        attn = traj.attention_mask[rows, :n].to(device)
         out = agent(tokens, attn)
-        parts["logprobs"].append(token_logprobs(out.logits, tokens).cpu())
-        logp = torch.log_softmax(out.logits.float(), dim=-1)
-        ent = -(logp.exp() * logp).sum(-1)  # (b, T) at the predicting position
-        parts["entropy"].append(shifted(ent))
+        logits = out.logits.float()
+        lse = torch.logsumexp(logits, -1)  # (b, n)
+        logp = logits - lse[..., None]
+        nxt = tokens[:, 1:, None]
+        chosen = logp[:, :-1].gather(-1, nxt).squeeze(-1)  # (b, n - 1): token t + 1's log-prob
+        full["logprobs"][rows, 1:n] = chosen.cpu()
+        put("entropy", rows, -(logp.exp() * logp).sum(-1))
         if "free_energy" in extras:
-            parts["free"].append(shifted(-torch.logsumexp(out.logits.float(), -1)))
-        v = out.values.float()
-        parts["values"].append(torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], 1).cpu())
+            put("free", rows, -lse)
+        put("values", rows, out.values.float())
         last = traj.last_index[rows].to(device)
-        parts["boot"].append(v.gather(1, last[:, None]).squeeze(1).cpu())
+        boot[rows] = out.values.float().gather(1, last[:, None]).squeeze(1).cpu()
         if keep_logits:
-            lg = out.logits.float()
-            parts["logits"].append(torch.cat([lg[:, :1] * 0, lg[:, :-1]], 1).cpu())
+            if logits_all is None:
+                logits_all = torch.zeros(B, T, logits.shape[-1])
+            logits_all[rows, 1:n] = logits[:, :-1].cpu()
         if ref is not None:
-            ref_logits = ref(input_ids=tokens, attention_mask=attn, use_cache=False).logits
-            parts["ref"].append(token_logprobs(ref_logits, tokens).cpu())
+            ref_logits = ref(input_ids=tokens, attention_mask=attn, use_cache=False).logits.float()
+            ref_lse = torch.logsumexp(ref_logits, -1)
+            ref_chosen = ref_logits[:, :-1].gather(-1, nxt).squeeze(-1) - ref_lse[:, :-1]
+            full["ref"][rows, 1:n] = ref_chosen.cpu()
             if "ref_free_energy" in extras:
-                parts["ref_free"].append(shifted(-torch.logsumexp(ref_logits.float(), -1)))
+                put("ref_free", rows, -ref_lse)
             if "kl_ref" in extras:
-                ref_logp = torch.log_softmax(ref_logits.float(), dim=-1)
-                parts["kl"].append(shifted((logp.exp() * (logp - ref_logp)).sum(-1)))
-    logprobs = torch.cat(parts["logprobs"])
+                ref_logp = ref_logits - ref_lse[..., None]
+                put("kl", rows, (logp.exp() * (logp - ref_logp)).sum(-1))
     return Scored(
-        logprobs=logprobs,
-        ref_logprobs=torch.cat(parts["ref"]) if ref is not None else logprobs.clone(),
-        values=torch.cat(parts["values"]),
-        bootstrap=torch.cat(parts["boot"]),
-        entropy=torch.cat(parts["entropy"]),
-        free_energy=torch.cat(parts["free"]) if parts["free"] else None,
-        kl_ref=torch.cat(parts["kl"]) if parts["kl"] else None,
-        ref_free_energy=torch.cat(parts["ref_free"]) if parts["ref_free"] else None,
-        logits=torch.cat(parts["logits"]) if keep_logits else None,
+        logprobs=full["logprobs"],
+        ref_logprobs=full["ref"] if ref is not None else full["logprobs"].clone(),
+        values=full["values"],
+        bootstrap=boot,
+        entropy=full["entropy"],
+        free_energy=full["free"] if "free_energy" in extras else None,
+        kl_ref=full["kl"] if ref is not None and "kl_ref" in extras else None,
+        ref_free_energy=full["ref_free"]
+        if ref is not None and "ref_free_energy" in extras
+        else None,
+        logits=logits_all,
     )
