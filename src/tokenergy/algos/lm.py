@@ -732,6 +732,7 @@ def train_lm(
         t1 = time.perf_counter()
         with autocast(device, a.precision), _value_head_swapped(agent, target_head):
             sc = score(agent, ref, traj, extras=frozenset({cfg.energy.source}))
+        t_score = time.perf_counter() - t1
         mask = traj.mask
         kl_tok = kl_estimate(sc.logprobs, sc.ref_logprobs, a.kl_kind) * mask  # (B, T)
         rewards = traj.rewards.clone()
@@ -913,6 +914,7 @@ def train_lm(
             "envelope/ratio_skips": ratio_skips,
             **envelope_row,
             "perf/rollout_s": t_rollout,
+            "perf/score_s": t_score,  # the no-gradient forward passes, inside update_s
             "perf/update_s": t_update,
             "perf/gen_tokens_per_s": trained_tokens / max(t_rollout, 1e-9),
             "perf/update_tokens_per_s": a.epochs
