@@ -518,3 +518,31 @@ def test_value_scale_multiplies_the_heads_output(tok):
     assert tiny_cfg(**{"algo.value_scale": 10}).algo.value_scale == 10.0
     with pytest.raises(ConfigError, match=r"algo\.value_scale"):
         tiny_cfg(**{"algo.value_scale": 0})
+
+
+def test_forward_by_length_gives_the_whole_batch_forward_and_its_gradient(tok):
+    """Chunks of rows of similar length, each cut to its longest row: the same logits and
+    values on every real token, and the same gradient of a masked loss, as one forward."""
+    from tokenergy.algos.lm import forward_by_length
+    from tokenergy.models.lm import separate_critic
+
+    agent = separate_critic(build_agent("tiny", tokenizer=tok, seed=7))
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.tensor([30, 7, 19, 30, 3, 12, 25, 9, 16, 28, 5])
+    tokens = torch.randint(10, len(tok), (len(lengths), 30), generator=g)
+    attn = torch.arange(30)[None] < lengths[:, None]
+    tokens[~attn] = tok.pad_token_id
+
+    def loss_and_grads(out):
+        loss = (out.logits.log_softmax(-1)[..., 5] * attn).sum() + (out.values * attn).sum()
+        grads = torch.autograd.grad(loss, [p for p in agent.parameters() if p.requires_grad])
+        return loss.detach(), grads
+
+    whole = agent(tokens, attn.long())
+    chunked = forward_by_length(agent, tokens, attn.long(), lengths, rows_per_chunk=3)
+    torch.testing.assert_close(chunked.logits[attn], whole.logits[attn], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(chunked.values[attn], whole.values[attn], atol=1e-5, rtol=1e-5)
+    (l1, g1), (l2, g2) = loss_and_grads(whole), loss_and_grads(chunked)
+    torch.testing.assert_close(l2, l1, atol=1e-3, rtol=1e-5)
+    for a, b in zip(g2, g1, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

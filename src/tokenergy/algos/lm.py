@@ -36,7 +36,7 @@ from collections import defaultdict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -68,6 +68,9 @@ from tokenergy.safety import (
     turn_ends,
 )
 from tokenergy.types import Role
+
+if TYPE_CHECKING:
+    from tokenergy.models.lm import AgentOutput
 
 __all__ = [
     "ALGORITHMS",
@@ -506,6 +509,46 @@ def _diagnose(agent, cfg: LMRunConfig, generator: torch.Generator, ref=None) -> 
     )
 
 
+def forward_by_length(
+    agent: torch.nn.Module,
+    tokens: torch.Tensor,
+    attention_mask: torch.Tensor,
+    lengths: torch.Tensor,
+    with_values: bool = True,
+    value_grad_to_policy: bool = True,
+    rows_per_chunk: int = 8,
+) -> AgentOutput:
+    """The agent's forward over a right-padded batch, computed in chunks of rows of similar
+    length, each cut to its longest row; the outputs are put back in the batch's order and
+    shape, zero past each chunk's longest row.
+
+    Attention costs the square of the padded length, so a minibatch whose rows run from one
+    turn to five spends most of its time on padding when computed as one block. Every row's
+    logits and values are the ones the whole-batch forward gives (padding is masked there), and
+    the gradient flows through each chunk's own forward, so a loss on the result is the same.
+
+    Args:
+        tokens, attention_mask: ``(B, T)``.
+        lengths: ``(B,)`` real tokens of each row.
+    """
+    from tokenergy.models.lm import AgentOutput
+
+    B, T = tokens.shape
+    if rows_per_chunk >= B:
+        return agent(tokens, attention_mask, with_values, value_grad_to_policy=value_grad_to_policy)
+    order = torch.argsort(lengths.cpu(), stable=True)
+    logits, values = [], []
+    for start in range(0, B, rows_per_chunk):
+        rows = order[start : start + rows_per_chunk].to(tokens.device)
+        n = int(lengths[rows].max())
+        out = agent(tokens[rows, :n], attention_mask[rows, :n], with_values,
+                    value_grad_to_policy=value_grad_to_policy)  # fmt: skip
+        logits.append(torch.nn.functional.pad(out.logits, (0, 0, 0, T - n)))
+        values.append(torch.nn.functional.pad(out.values, (0, T - n)))
+    back = torch.argsort(order).to(tokens.device)  # row i of the batch is row back[i] here
+    return AgentOutput(torch.cat(logits)[back], torch.cat(values)[back])
+
+
 @contextlib.contextmanager
 def _value_head_swapped(agent: torch.nn.Module, head: torch.nn.Module | None):
     """Score with ``head`` (the target value head) in place of the agent's own."""
@@ -788,9 +831,11 @@ def train_lm(
                 tokens = traj.tokens[idx, cols].to(device)
                 mb_mask = mask[idx, cols].to(device)
                 with autocast(device, a.precision):
-                    out = agent(
+                    out = forward_by_length(
+                        agent,
                         tokens,
                         traj.attention_mask[idx, cols].to(device),
+                        traj.last_index[idx] + 1,
                         trains_value,
                         value_grad_to_policy=not critic_only,
                     )
