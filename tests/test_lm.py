@@ -546,3 +546,28 @@ def test_forward_by_length_gives_the_whole_batch_forward_and_its_gradient(tok):
     torch.testing.assert_close(l2, l1, atol=1e-3, rtol=1e-5)
     for a, b in zip(g2, g1, strict=True):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_one_whole_batch_update_reuses_its_own_logprobs(monkeypatch):
+    """GRPO with one update over the whole batch: the scoring pass skips the policy (its
+    log-probs are the update's own, the ratio is 1) and the run is the one that scores it."""
+    import tokenergy.algos.lm as lm
+
+    over = {
+        "algo.name": "grpo", "algo.epochs": 1, "algo.minibatches": 1, "algo.iterations": 2,
+        "algo.kl_coef": 0.05, "algo.kl_in": "loss", "rollout.episodes": 8,
+        "rollout.group_size": 4, "energy.weighting": "actfocus",
+        "energy.source": "ref_free_energy",
+    }  # fmt: skip
+    cfg = tiny_cfg(**over)
+    assert lm.reuses_update_logprobs(cfg)
+    assert not lm.reuses_update_logprobs(tiny_cfg(**{**over, "algo.minibatches": 2}))
+    assert not lm.reuses_update_logprobs(tiny_cfg(**{**over, "energy.source": "surprisal"}))
+    reused = lm.train_lm(cfg).history
+    monkeypatch.setattr(lm, "reuses_update_logprobs", lambda cfg: False)
+    scored = lm.train_lm(cfg).history
+    keys = ["loss/policy", "loss/entropy", "kl/ref", "train/grad_norm", "rollout/tokens"]
+    for r, s in zip(reused, scored, strict=True):
+        assert r["train/ratio_max"] == 1.0
+        for k in keys:
+            assert r[k] == pytest.approx(s[k], rel=1e-4, abs=1e-6), k

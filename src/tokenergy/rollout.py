@@ -508,6 +508,7 @@ def score(
     batch_size: int = 32,
     keep_logits: bool = False,
     extras: frozenset[str] = frozenset(),
+    policy: bool = True,
 ) -> Scored:
     """One full forward pass (in chunks of ``batch_size`` rows) of the agent and the reference.
 
@@ -516,6 +517,10 @@ def score(
     frozen reference's, the ActFocus paper's energy, from the reference pass that runs anyway)
     and ``kl_ref`` (the exact KL to the reference, a second softmax over the vocabulary), all
     shifted to the chosen token.
+
+    With ``policy=False`` only the reference runs: the policy's log-probs, entropy and values
+    stay zero for the caller to fill (a trainer whose one update reads the whole batch once
+    takes them from that update's forward, where the ratio is 1).
 
     Rows are scored in order of length, each chunk cut to its longest row, so padding past a
     chunk's longest row is never computed; every row's numbers are its own (row order does not
@@ -538,23 +543,26 @@ def score(
         n = int(traj.last_index[rows].max()) + 1
         tokens = traj.tokens[rows, :n].to(device)
         attn = traj.attention_mask[rows, :n].to(device)
-        out = agent(tokens, attn)
-        logits = out.logits.float()
-        lse = torch.logsumexp(logits, -1)  # (b, n)
-        logp = logits - lse[..., None]
         nxt = tokens[:, 1:, None]
-        chosen = logp[:, :-1].gather(-1, nxt).squeeze(-1)  # (b, n - 1): token t + 1's log-prob
-        full["logprobs"][rows, 1:n] = chosen.cpu()
-        put("entropy", rows, -(logp.exp() * logp).sum(-1))
-        if "free_energy" in extras:
-            put("free", rows, -lse)
-        put("values", rows, out.values.float())
-        last = traj.last_index[rows].to(device)
-        boot[rows] = out.values.float().gather(1, last[:, None]).squeeze(1).cpu()
-        if keep_logits:
-            if logits_all is None:
-                logits_all = torch.zeros(B, T, logits.shape[-1])
-            logits_all[rows, 1:n] = logits[:, :-1].cpu()
+        if policy:
+            out = agent(tokens, attn)
+            logits = out.logits.float()
+            lse = torch.logsumexp(logits, -1)  # (b, n)
+            logp = logits - lse[..., None]
+            chosen = logp[:, :-1].gather(-1, nxt).squeeze(-1)  # (b, n - 1): token t + 1's
+            full["logprobs"][rows, 1:n] = chosen.cpu()
+            put("entropy", rows, -(logp.exp() * logp).sum(-1))
+            if "free_energy" in extras:
+                put("free", rows, -lse)
+            put("values", rows, out.values.float())
+            last = traj.last_index[rows].to(device)
+            boot[rows] = out.values.float().gather(1, last[:, None]).squeeze(1).cpu()
+            if keep_logits:
+                if logits_all is None:
+                    logits_all = torch.zeros(B, T, logits.shape[-1])
+                logits_all[rows, 1:n] = logits[:, :-1].cpu()
+        elif keep_logits or extras & {"free_energy", "kl_ref"}:
+            raise ValueError("keep_logits, free_energy and kl_ref need the policy's pass")
         if ref is not None:
             ref_logits = ref(input_ids=tokens, attention_mask=attn, use_cache=False).logits.float()
             ref_lse = torch.logsumexp(ref_logits, -1)

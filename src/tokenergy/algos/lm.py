@@ -509,6 +509,21 @@ def _diagnose(agent, cfg: LMRunConfig, generator: torch.Generator, ref=None) -> 
     )
 
 
+def reuses_update_logprobs(cfg: LMRunConfig) -> bool:
+    """Whether the scoring pass can skip the policy: one update reads the whole batch once, so
+    its ratio is 1 and the old log-probs are its own (detached), and nothing before the update
+    reads the policy's log-probs, entropy or values (no critic, no KL in the reward, an energy
+    of the reference alone)."""
+    a = cfg.algo
+    return (
+        a.epochs == 1
+        and a.minibatches == 1
+        and a.name != "ppo"
+        and not (a.kl_in == "reward" and (a.kl_coef > 0 or a.kl_target))
+        and cfg.energy.source in ("ref_surprisal", "ref_free_energy")
+    )
+
+
 def forward_by_length(
     agent: torch.nn.Module,
     tokens: torch.Tensor,
@@ -745,6 +760,7 @@ def train_lm(
 
             history = [r for r in read_metrics(run.path) if r.get("train/iteration", 0) > 0]
             evals = [r for r in read_metrics(run.path) if "eval/success" in r]
+    reuse_logprobs = reuses_update_logprobs(cfg)
     for iteration in range(start_iteration, n_iters):
         t0 = time.perf_counter()
         env_seeds = rng.integers(0, cfg.eval.seed_offset, size=n_groups)
@@ -774,7 +790,8 @@ def train_lm(
         # ---- score, rewards, advantages (no gradient) ------------------------------------
         t1 = time.perf_counter()
         with autocast(device, a.precision), _value_head_swapped(agent, target_head):
-            sc = score(agent, ref, traj, extras=frozenset({cfg.energy.source}))
+            sc = score(agent, ref, traj, extras=frozenset({cfg.energy.source}),
+                       policy=not reuse_logprobs)  # fmt: skip
         t_score = time.perf_counter() - t1
         mask = traj.mask
         kl_tok = kl_estimate(sc.logprobs, sc.ref_logprobs, a.kl_kind) * mask  # (B, T)
@@ -840,6 +857,11 @@ def train_lm(
                         value_grad_to_policy=not critic_only,
                     )
                 new_logprobs = token_logprobs(out.logits, tokens)
+                if reuse_logprobs:  # the only update, over the whole batch: the ratio is 1
+                    with torch.no_grad():
+                        sc.logprobs[idx, cols] = new_logprobs.float().cpu()
+                        logp = torch.log_softmax(out.logits[:, :-1].float(), -1)
+                        sc.entropy[idx, 1:length] = -(logp.exp() * logp).sum(-1).cpu()
                 old_logprobs = sc.logprobs[idx, cols].to(device)
                 if a.ratio_cap is not None and not critic_only:
                     with torch.no_grad():
