@@ -1,7 +1,7 @@
 """Rollout and update throughput of the LM agents, for each model size, on this machine.
 
 Usage: python benchmarks/lm_throughput.py [--env sokoban] [--episodes 16] [--repeats 3]
-[--device cpu] [--threads 2]
+[--device cpu] [--threads 2] [--sizes tiny small base]
 
 Rollout: batched multi-turn generation of ``--episodes`` episodes (sampled, temperature 1, the
 scripted env); agent tokens generated per second. Update: forward + backward of the same
@@ -33,11 +33,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--sizes", nargs="+", default=list(MODEL_SIZES), choices=list(MODEL_SIZES))
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     device = torch.device(a.device)
     rows = []
-    for size in MODEL_SIZES:
+    for size in a.sizes:
         agent = build_agent(size, seed=0).to(device)
         params = sum(p.numel() for p in agent.parameters())
         opt = torch.optim.AdamW(agent.parameters(), lr=1e-5)

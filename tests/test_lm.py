@@ -571,3 +571,22 @@ def test_one_whole_batch_update_reuses_its_own_logprobs(monkeypatch):
         assert r["train/ratio_max"] == 1.0
         for k in keys:
             assert r[k] == pytest.approx(s[k], rel=1e-4, abs=1e-6), k
+
+
+def test_right_padded_batches_run_causal_attention_alone(tok):
+    """A right-padded mask is dropped (causal attention gives every real token the same
+    output); any other mask is kept, and the outputs on real tokens agree either way."""
+    from tokenergy.models.lm import causal_only
+
+    right = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 1], [1, 0, 0, 0]])
+    left = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]])
+    assert causal_only(right) is None
+    assert causal_only(left) is left
+    assert causal_only(None) is None
+    agent = build_agent("tiny", tokenizer=tok, seed=3).eval()
+    tokens = torch.randint(10, len(tok), (3, 4), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        masked = agent.policy(input_ids=tokens, attention_mask=right).logits
+        causal = agent(tokens, right).logits
+    real = right.bool()
+    torch.testing.assert_close(causal[real], masked[real], atol=1e-5, rtol=1e-5)

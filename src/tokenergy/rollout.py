@@ -28,6 +28,7 @@ import torch
 
 from tokenergy.envs.text import TextEnv
 from tokenergy.models.fast_decode import decoder_for
+from tokenergy.models.lm import causal_only
 from tokenergy.types import Role
 
 __all__ = [
@@ -564,7 +565,9 @@ def score(
         elif keep_logits or extras & {"free_energy", "kl_ref"}:
             raise ValueError("keep_logits, free_energy and kl_ref need the policy's pass")
         if ref is not None:
-            ref_logits = ref(input_ids=tokens, attention_mask=attn, use_cache=False).logits.float()
+            ref_mask = causal_only(attn)
+            ref_logits = ref(input_ids=tokens, attention_mask=ref_mask, use_cache=False).logits
+            ref_logits = ref_logits.float()
             ref_lse = torch.logsumexp(ref_logits, -1)
             ref_chosen = ref_logits[:, :-1].gather(-1, nxt).squeeze(-1) - ref_lse[:, :-1]
             full["ref"][rows, 1:n] = ref_chosen.cpu()

@@ -48,6 +48,7 @@ from tokenergy.energy import energy_prior_kl
 from tokenergy.envs import make
 from tokenergy.envs.text import TextEnv
 from tokenergy.losses import kl_estimate, ppo_policy_loss, value_loss
+from tokenergy.models.lm import causal_only
 from tokenergy.ops import masked_mean, masked_var
 from tokenergy.registry import Registry
 from tokenergy.rollout import (
@@ -330,7 +331,8 @@ def sft(
             tokens = mb.tokens[:, :length].to(device)
             mask = mb.mask[:, :length].to(device)
             out = agent.policy(
-                input_ids=tokens, attention_mask=mb.attention_mask[:, :length].to(device)
+                input_ids=tokens,
+                attention_mask=causal_only(mb.attention_mask[:, :length].to(device)),
             )
             loss = -masked_mean(token_logprobs(out.logits, tokens), mask)
             opt.zero_grad(set_to_none=True)
@@ -597,7 +599,7 @@ class _Anchor:
         length = int(mb.last_index.max()) + 1
         tokens = mb.tokens[:, :length].to(device)
         out = agent.policy(
-            input_ids=tokens, attention_mask=mb.attention_mask[:, :length].to(device)
+            input_ids=tokens, attention_mask=causal_only(mb.attention_mask[:, :length].to(device))
         )
         return -masked_mean(token_logprobs(out.logits, tokens), mb.mask[:, :length].to(device))
 
@@ -913,7 +915,7 @@ def train_lm(
                     with torch.no_grad():
                         attn = traj.attention_mask[idx, cols].to(device)
                         ref_logits = ref(
-                            input_ids=tokens, attention_mask=attn, use_cache=False
+                            input_ids=tokens, attention_mask=causal_only(attn), use_cache=False
                         ).logits[:, :-1]
                     prior = energy_prior_kl(
                         out.logits[:, :-1],

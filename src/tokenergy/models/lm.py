@@ -33,6 +33,7 @@ __all__ = [
     "agent_from_config",
     "build_agent",
     "build_tokenizer",
+    "causal_only",
     "load_agent",
     "save_agent",
     "separate_critic",
@@ -157,6 +158,21 @@ class ValueHead(nn.Module):
         return self.net(hidden).squeeze(-1)
 
 
+def causal_only(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """``None`` when every row of ``attention_mask`` is its real tokens followed by padding,
+    else the mask.
+
+    In a right-padded batch a real token attends only to earlier tokens, all real, so causal
+    attention alone gives every real token the output the padding mask gives, and the
+    attention kernel runs its causal path without building or reading a mask. Rows of our
+    batches (collated episodes, SFT data) are right-padded.
+    """
+    if attention_mask is None:
+        return None
+    m = attention_mask.bool()
+    return None if bool((m[:, 1:] <= m[:, :-1]).all()) else attention_mask
+
+
 class CriticModel(nn.Module):
     """A value model with a transformer of its own: ``V = head(last hidden state of trunk)``.
 
@@ -172,7 +188,9 @@ class CriticModel(nn.Module):
         self.head = head
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-        out = self.trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        out = self.trunk(
+            input_ids=input_ids, attention_mask=causal_only(attention_mask), use_cache=False
+        )
         return self.head(out.last_hidden_state)
 
 
@@ -208,7 +226,7 @@ class AgentModel(nn.Module):
         separate = isinstance(self.value_head, CriticModel)
         out = self.policy(
             input_ids=input_ids,
-            attention_mask=attention_mask,
+            attention_mask=causal_only(attention_mask),
             output_hidden_states=with_values and not separate,
             use_cache=False,
         )
