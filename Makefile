@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/cartpole_ppo.py
 	$(PY) benchmarks/bottleneck_ablation.py
 	$(PY) benchmarks/sb3_ppo.py
+	$(PY) benchmarks/rl_iteration.py
 	$(PY) benchmarks/lm_throughput.py
 	$(PY) benchmarks/lm_scaling.py
 	$(PY) benchmarks/actfocus_overhead.py
