@@ -162,3 +162,29 @@ def test_head_ablation_scores_every_run_with_search_eval(tmp_path):
     assert lines[-1].endswith("1.00 / 4.5 |")  # depth 3: (2^3 + 1) / 2 leaves
     assert (out / "search_ablation.png").stat().st_size > 1000
     assert (out / "2-heads" / "seed_1" / "search_eval.md").is_file()
+
+
+def test_same_seed_same_run_with_two_threads():
+    """With two CPU threads the value table's gradient (an indexed read's backward) summed in
+    a varying order; training runs under deterministic kernels, so two runs of one seed give
+    identical metrics, and the setting outside training is left as it was."""
+    import torch
+
+    from tokenergy.dfs import deterministic_kernels
+
+    cfg = config_from_dict(
+        {"kind": "dfs", "train": {"depths": [1, 2], "iterations": [5, 40], "batch": 128}}
+    )
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = [train_dfs(cfg).history for _ in range(2)]
+    finally:
+        torch.set_num_threads(before)
+    drop = {"perf/elapsed_s"}
+    a, b = ([{k: v for k, v in r.items() if k not in drop} for r in h] for h in runs)
+    assert a == b
+    assert not torch.are_deterministic_algorithms_enabled()
+    with deterministic_kernels():
+        assert torch.are_deterministic_algorithms_enabled()
+    assert not torch.are_deterministic_algorithms_enabled()

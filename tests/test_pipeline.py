@@ -287,3 +287,20 @@ def test_every_pipeline_metric_is_documented(tmp_path):
         assert f"`{key}`" in doc, f"{key} is logged but not documented in docs/metrics.md"
     assert (tmp_path / "run" / "pretrained" / "config.json").is_file()
     assert len((tmp_path / "run" / "samples.jsonl").read_text().splitlines()) == 8
+
+
+def test_same_seed_same_pipeline_with_two_threads():
+    """Two runs of one pipeline config (pretraining, SFT, reward model, PPO) on two CPU
+    threads give the same history and summary, timings aside."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        runs = [pl.run_pipeline(cfg_of(**{"ppo.iterations": 2})) for _ in range(2)]
+    finally:
+        torch.set_num_threads(before)
+
+    def timeless(row: dict) -> dict:
+        return {k: v for k, v in row.items() if not any(w in k for w in ("perf", "second", "elapsed"))}  # fmt: skip
+
+    assert [timeless(r) for r in runs[0].history] == [timeless(r) for r in runs[1].history]
+    assert timeless(runs[0].summary) == timeless(runs[1].summary)
