@@ -58,24 +58,17 @@ def test_incremental_decoding_equals_the_whole_forward(tok):
             emb.weight[1:].normal_()
     ids = _episode_ids(tok, agent)
     T = ids.shape[1]
-    mask = torch.ones_like(ids)
-    pos = torch.arange(T)[None]
     with torch.no_grad():
         full = policy(input_ids=ids).logits[0]
     assert isinstance(policy, GridLlamaForCausalLM)
-    rows, cols = policy.model.grid.coordinates(ids)
-    dec = LlamaDecoder(policy)
+    dec = LlamaDecoder(policy)  # carries each token's row and column along by itself
+    dec.start(1)
     k = 20
-    got = dec.forward(ids[:, :k], mask[:, :k], pos[:, :k], capacity=T)
+    got = dec.append([ids[0, :k].tolist()])
     torch.testing.assert_close(got[0], full[k - 1], atol=2e-5, rtol=1e-4)
     for j in range(k, T):
-        got = dec.forward(
-            ids[:, j : j + 1], mask[:, :1], pos[:, j : j + 1],
-            grid_coords=(rows[:, j : j + 1], cols[:, j : j + 1]),
-        )  # fmt: skip
+        got = dec.step(ids[:, j], torch.tensor([True]))
         torch.testing.assert_close(got[0], full[j], atol=2e-5, rtol=1e-4)
-    with pytest.raises(ValueError, match="needs grid_coords"):
-        dec.forward(ids[:, :1], mask[:, :1], pos[:, :1])
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
