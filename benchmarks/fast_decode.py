@@ -1,4 +1,4 @@
-"""Turn generation with the lean Llama decode loop against the Hugging Face forward with its cache.
+"""One turn of generation with the decode engine against the Hugging Face forward with its cache.
 
 Usage: python benchmarks/fast_decode.py [--batch 32] [--prompt 200] [--tokens 48] [--repeats 5]
 [--threads 2] [--device cpu]
@@ -37,7 +37,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    lines = ["| model | HF forward + cache (s) | lean loop (s) | speed-up |", "|---|---|---|---|"]
+    lines = [
+        "| model | HF forward + cache (s) | decode engine (s) | speed-up |",
+        "|---|---|---|---|",
+    ]
     for size in MODEL_SIZES:
         agent = build_agent(size, seed=0).to(a.device).eval()
         tok = agent.tokenizer
@@ -74,7 +77,7 @@ def main() -> None:
         f"sampled; median of {a.repeats}; {a.threads} torch threads, device {a.device}; both "
         "paths wrote the same tokens."
     )
-    append_results(f"Turn generation: lean Llama decode loop vs Hugging Face ({a.device})", body)
+    append_results(f"Turn generation: decode engine vs Hugging Face ({a.device})", body)
 
 
 if __name__ == "__main__":
