@@ -28,15 +28,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import ROOT, append_results
+from _common import ROOT, append_results, run_in_checkout
 
 BENCH = ROOT / "runs" / "bench"
 
@@ -191,17 +189,14 @@ def child(a: argparse.Namespace) -> None:
 
 
 def baseline_times(env: str, algo: str, agent: Path, a: argparse.Namespace) -> dict:
-    cmd = [
-        sys.executable, __file__, "--child", "--env-one", env, "--algo-one", algo,
-        "--agent-one", str(agent), "--episodes", str(a.episodes), "--iterations",
-        str(a.iterations), "--threads", str(a.threads), "--device", a.device,
-    ]  # fmt: skip
-    envvars = {**os.environ, "PYTHONPATH": str(Path(a.baseline).resolve() / "src")}
-    out = subprocess.run(cmd, env=envvars, capture_output=True, text=True, cwd=ROOT)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    raise RuntimeError(f"baseline run failed:\n{out.stderr[-3000:]}")
+    return run_in_checkout(
+        [
+            __file__, "--child", "--env-one", env, "--algo-one", algo, "--agent-one", str(agent),
+            "--episodes", str(a.episodes), "--iterations", str(a.iterations),
+            "--threads", str(a.threads), "--device", a.device,
+        ],
+        a.baseline,
+    )  # fmt: skip
 
 
 def main() -> None:

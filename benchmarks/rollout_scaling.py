@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import ROOT, append_results
+from _common import ROOT, append_results, run_in_checkout
 
 
 def rates(a: argparse.Namespace) -> dict[str, dict[str, float]]:
@@ -78,14 +76,14 @@ def main() -> None:
     ours = rates(a)
     base = None
     if a.baseline:
-        cmd = [sys.executable, __file__, "--child", *sys.argv[1:]]
-        cmd = [c for c in cmd if c != "--baseline" and c != a.baseline]
-        env = {**os.environ, "PYTHONPATH": str(Path(a.baseline).resolve() / "src")}
-        res = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
-        line = [x for x in res.stdout.splitlines() if x.startswith("RESULT ")]
-        if not line:
-            raise RuntimeError(f"baseline run failed:\n{res.stderr[-3000:]}")
-        base = json.loads(line[0][7:])
+        base = run_in_checkout(
+            [
+                __file__, "--child", "--sizes", *a.sizes,
+                "--batches", *map(str, a.batches), "--env", a.env, "--repeats", str(a.repeats),
+                "--threads", str(a.threads), "--device", a.device,
+            ],
+            a.baseline,
+        )  # fmt: skip
     head = "| model | " + " | ".join(f"{b} episodes" for b in a.batches) + " |"
     lines = [head, "|---|" + "---|" * len(a.batches)]
     for size in a.sizes:
