@@ -67,6 +67,10 @@ def test_help(cmd):
             ["config", str(SOKOBAN), "--energy.beta", "-1"],
             "energy.beta: must be in [0, inf], got -1.0",
         ),
+        (
+            ["ablate", str(SOKOBAN.parent / "actfocus-paper.yaml"), "--only", "chess/*"],
+            "--only chess/*: no run of the plan matches",
+        ),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(args, text, tmp_path):

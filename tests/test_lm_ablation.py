@@ -106,3 +106,63 @@ def test_small_ablation_report_and_resume(tmp_path):
     changed = apply_overrides(base, {"sft.epochs": 2})
     with pytest.raises(RunDirError, match="different 'sft'"):
         run_ablation(changed, 1, out, resume=True)
+
+
+def test_only_selects_runs_with_the_sft_runs_they_start_from(tmp_path):
+    from tokenergy.experiments import select_runs
+
+    phases = plan_lm_ablation(_base(), 2, tmp_path)
+    sft, rl = select_runs(phases, ["sokoban/*"])
+    assert [s.variant for s in sft] == ["sokoban/sft"] * 2
+    assert sorted({s.variant for s in rl}) == ["sokoban/actfocus-ppo", "sokoban/ppo"]
+    sft, rl = select_runs(phases, ["*/actfocus-ppo"])
+    assert [(s.variant, s.seed) for s in sft] == [
+        ("frozenlake/sft", 0),
+        ("frozenlake/sft", 1),
+        ("sokoban/sft", 0),
+        ("sokoban/sft", 1),
+    ]
+    assert {s.variant for s in rl} == {"frozenlake/actfocus-ppo", "sokoban/actfocus-ppo"}
+    sft, rl = select_runs(phases, ["frozenlake/sft"])  # the SFT runs alone
+    assert len(sft) == 2 and rl == []
+    with pytest.raises(ValueError, match="no run of the plan matches"):
+        select_runs(phases, ["treasure/*"])
+
+
+def test_resume_continues_an_unfinished_run_from_its_checkpoint(tmp_path):
+    """A run cut off after its checkpoint at iteration 2 of 3 picks up there under --resume and
+    ends with the metrics of the run that was never cut off."""
+    import shutil
+
+    base = _base(
+        **{
+            "ablation.envs": {"frozenlake": {}},
+            "ablation.variants": {"ppo": {}},
+            "algo.iterations": 3,
+            "log.checkpoint_every": 2,
+            "log.keep_checkpoints": 3,
+        }
+    )
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    run_ablation(base, 1, straight)
+    run_ablation(base, 1, cut)
+    run = cut / "frozenlake" / "ppo" / "seed_0"
+    shutil.rmtree(run / "agent")
+    shutil.rmtree(run / "checkpoints" / "iter_000003")
+    assert (run / "checkpoints" / "iter_000002").is_dir()
+    (run / "kept").write_text("a run that starts over would clear its folder")
+    ran = run_ablation(base, 1, cut, resume=True)
+    assert [s.variant for s in ran] == ["frozenlake/ppo"]
+    rows = [
+        {k: v for k, v in r.items() if not k.startswith("perf/")}
+        for r in map(yaml.safe_load, (run / "metrics.jsonl").read_text().splitlines())
+    ]
+    want = [
+        {k: v for k, v in r.items() if not k.startswith("perf/")}
+        for r in map(
+            yaml.safe_load,
+            (straight / "frozenlake" / "ppo" / "seed_0" / "metrics.jsonl").read_text().splitlines(),
+        )
+    ]
+    assert rows == want
+    assert (run / "agent").is_dir() and (run / "kept").is_file()

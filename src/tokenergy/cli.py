@@ -176,7 +176,16 @@ def ablate(
         False, "--overwrite", help="Replace an existing ablation folder."
     ),
     resume: bool = typer.Option(
-        False, "--resume", help="Keep the finished runs of --out (same config), redo the rest."
+        False,
+        "--resume",
+        help="Keep the finished runs of --out (same config); continue the others from their "
+        "newest checkpoint.",
+    ),
+    only: list[str] = typer.Option(
+        None,
+        "--only",
+        help="Train only the runs whose variant matches (repeat; shell patterns such as "
+        "'sokoban/*' or '*/ppo'; an LM run's SFT run comes along).",
     ),
 ) -> None:
     """Train every variant over seeds, then write the report.
@@ -189,7 +198,21 @@ def ablate(
     cfg = _load(config, ctx.args)
     out = out or Path("runs") / f"{cfg.name}-ablation"
     n_var = len(cfg.ablation.variants)
-    if cfg.kind == "lm":
+    if only:
+        from tokenergy.experiments import plan_ablation, plan_lm_ablation, select_runs
+
+        plan = (
+            plan_lm_ablation(cfg, seeds, out)
+            if cfg.kind == "lm"
+            else [plan_ablation(cfg, seeds, out)]
+        )
+        picked = select_runs(list(plan), only)
+        console.print(
+            f"ablation: the runs matching {' '.join(only)}: "
+            + ", then ".join(f"{len(p)} runs" for p in picked)
+            + f", {jobs} in parallel -> {out}"
+        )
+    elif cfg.kind == "lm":
         n_env = len(cfg.ablation.envs or {cfg.env.name: {}})
         console.print(
             f"ablation: {n_env} envs x {seeds} seeds SFT runs, then {n_env} envs x {n_var} "
@@ -199,7 +222,9 @@ def ablate(
         console.print(
             f"ablation: {n_var} variants x {seeds} seeds = {n_var * seeds} runs, {jobs} in parallel -> {out}"
         )
-    run_ablation(cfg, seeds, out, jobs=jobs, overwrite=overwrite, console=console, resume=resume)
+    run_ablation(
+        cfg, seeds, out, jobs=jobs, overwrite=overwrite, console=console, resume=resume, only=only
+    )
     if cfg.kind == "dfs":
         from tokenergy.dfs import ablation_table
 

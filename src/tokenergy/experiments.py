@@ -8,6 +8,7 @@ processes (one torch thread each); a rich progress bar shows every run's live re
 from __future__ import annotations
 
 import concurrent.futures as cf
+import fnmatch
 import json
 import multiprocessing as mp
 import queue as queue_mod
@@ -226,13 +227,39 @@ def plan_lm_ablation(base: Any, seeds: int, out: str | Path) -> tuple[list[RunSp
     return sft_specs, rl_specs
 
 
-def _worker(spec: RunSpec, q: Any) -> str:
+def _resume_point(spec: RunSpec) -> tuple[Path, int] | None:
+    """The newest checkpoint of an unfinished run of ``spec`` and its iteration, when the
+    run wrote one under the plan's config (else ``None``: the run starts over). Only the vector
+    and LM trainers resume; the others always start over."""
+    if getattr(spec.cfg, "kind", "vector") not in ("vector", "lm"):
+        return None
+    if not (spec.out / "checkpoints").is_dir() or not (spec.out / "config.yaml").is_file():
+        return None
+    try:
+        ckpt = latest_checkpoint(spec.out)
+    except RunDirError:
+        return None
+    saved = config_to_dict(load_config(spec.out / "config.yaml"))
+    planned = config_to_dict(spec.cfg)
+    if any(saved.get(k) != planned.get(k) for k in planned if k not in ("log", "name", "ablation")):
+        return None
+    return ckpt, int(json.loads((ckpt / "state.json").read_text())["iteration"])
+
+
+def _worker(spec: RunSpec, q: Any, start: tuple[Path, int] | None = None) -> str:
+    """Train one run in this process (one torch thread); from ``start``, a checkpoint of
+    the same run and its iteration, when given, else in a fresh folder."""
     torch.set_num_threads(1)  # one core per run; parallelism comes from the processes
 
     def progress(it: int, n: int, step: int, row: dict[str, float]) -> None:
         q.put((spec.label, it, n, _status(row)))
 
     train, _ = _trainer(spec.cfg)
+    if start is not None:
+        ckpt, iteration = start
+        with Run(spec.out, spec.cfg, resume_iteration=iteration) as run:
+            train(spec.cfg, run, progress, resume=ckpt)
+        return spec.label
     with Run(spec.out, spec.cfg, overwrite=True) as run:  # a fresh folder or an unfinished run
         train(spec.cfg, run, progress)
     return spec.label
@@ -246,15 +273,21 @@ def run_ablation(
     overwrite: bool = False,
     console: Console | None = None,
     resume: bool = False,
+    only: list[str] | None = None,
 ) -> list[RunSpec]:
     """Train every variant over ``seeds`` seeds into ``out``; returns the specs that ran.
 
     An LM ablation runs in two phases: the shared SFT runs, then the RL runs from them.
     With ``resume`` the runs of ``out`` that finished are kept (their config must match the
-    plan's, else a :class:`RunDirError` names the run and field) and the others start over.
+    plan's, else a :class:`RunDirError` names the run and field) and an unfinished run
+    continues from its newest checkpoint (or starts over when it wrote none).
+    ``only`` keeps the runs whose variant matches one of its shell patterns (``sokoban/*``,
+    ``*/ppo``), with the SFT runs they start from: a study in pieces.
     """
     lm = getattr(base, "kind", "vector") == "lm"
     phases = list(plan_lm_ablation(base, seeds, out)) if lm else [plan_ablation(base, seeds, out)]
+    if only:
+        phases = select_runs(phases, only)
     if resume and Path(out).is_dir():
         root = Path(out)
         phases = [[s for s in specs if not _finished(s)] for specs in phases]
@@ -268,8 +301,28 @@ def run_ablation(
     )
     for specs in phases:
         if specs:
-            _run_specs(specs, jobs, console)
+            _run_specs(specs, jobs, console, resume=resume)
     return [s for specs in phases for s in specs]
+
+
+def select_runs(phases: list[list[RunSpec]], patterns: list[str]) -> list[list[RunSpec]]:
+    """The runs of ``phases`` whose variant matches a pattern, and the runs an LM ablation's
+    selected RL runs start from (the SFT run of their env and seed, in the first phase)."""
+
+    def chosen(spec: RunSpec) -> bool:
+        return any(fnmatch.fnmatchcase(spec.variant, p) for p in patterns)
+
+    *firsts, last = phases
+    kept_last = [s for s in last if chosen(s)]
+    if not firsts:
+        if not kept_last:
+            raise ValueError(f"--only {' '.join(patterns)}: no run of the plan matches")
+        return [kept_last]
+    needed = {(s.variant.split("/")[0], s.seed) for s in kept_last}
+    kept_first = [s for s in firsts[0] if chosen(s) or (s.variant.split("/")[0], s.seed) in needed]
+    if not kept_first and not kept_last:
+        raise ValueError(f"--only {' '.join(patterns)}: no run of the plan matches")
+    return [kept_first, kept_last]
 
 
 def _finished(spec: RunSpec) -> bool:
@@ -312,10 +365,19 @@ def run_specs(specs: list[RunSpec], jobs: int, console: Console | None) -> None:
     _run_specs(specs, jobs, console)
 
 
-def _run_specs(specs: list[RunSpec], jobs: int, console: Console | None) -> None:
+def _run_specs(
+    specs: list[RunSpec], jobs: int, console: Console | None, resume: bool = False
+) -> None:
+    starts = {s.label: _resume_point(s) if resume else None for s in specs}
     with _progress_bar(console) as bar:
         tasks = {
-            s.label: bar.add_task(s.label, total=_trainer(s.cfg)[1], status="queued") for s in specs
+            s.label: bar.add_task(
+                s.label,
+                total=_trainer(s.cfg)[1],
+                status="queued",
+                completed=starts[s.label][1] if starts[s.label] else 0,
+            )
+            for s in specs
         }
 
         def drain(q: Any) -> None:
@@ -331,13 +393,13 @@ def _run_specs(specs: list[RunSpec], jobs: int, console: Console | None) -> None
                 lambda item: bar.update(tasks[item[0]], completed=item[1], status=item[3])
             )
             for spec in specs:
-                _worker(spec, immediate)
+                _worker(spec, immediate, starts[spec.label])
         else:
             ctx = mp.get_context("spawn")
             with ctx.Manager() as manager:
                 q = manager.Queue()
                 with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-                    futures = [pool.submit(_worker, spec, q) for spec in specs]
+                    futures = [pool.submit(_worker, spec, q, starts[spec.label]) for spec in specs]
                     pending = set(futures)
                     while pending:
                         done, pending = cf.wait(pending, timeout=0.2)

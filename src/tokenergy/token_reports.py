@@ -332,7 +332,7 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     runs: dict[str, dict[str, list[list[dict[str, Any]]]]] = {}
     for env in envs:
         for variant in ["sft", *variants]:
-            for d in sorted((root / env / variant).glob("seed_*/metrics.jsonl")):
+            for d in sorted((root / env / variant).glob("seed_*/agent")):  # finished runs
                 runs.setdefault(env, {}).setdefault(variant, []).append(read_metrics(d.parent))
     if not runs:
         raise RunDirError(f"{str(root)!r} holds no finished runs yet")
