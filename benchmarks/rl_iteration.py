@@ -127,7 +127,8 @@ def matmul_rate(threads: int, device: str) -> float:
 def flops_per_token(size: str, context: float) -> float:
     """Forward FLOPs of one token: 2 × the non-embedding parameters and the LM head, plus
     attention scores and mixing over ``context`` earlier tokens."""
-    from tokenergy.models.lm import MODEL_SIZES, build_tokenizer
+    from tokenergy.models.lm import MODEL_SIZES
+    from tokenergy.models.tokenizer import build_tokenizer
 
     hidden, layers, _, inter = MODEL_SIZES[size]
     vocab = len(build_tokenizer())

@@ -8,8 +8,9 @@ import torch
 
 from tokenergy.config import ConfigError, config_from_dict
 from tokenergy.models import build_agent, build_tokenizer, load_agent, save_agent
-from tokenergy.models.lm import TAG_TOKENS, agent_from_config
+from tokenergy.models.lm import agent_from_config
 from tokenergy.models.pretrained import add_tag_tokens, apply_lora
+from tokenergy.models.tokenizer import TAG_TOKENS
 from tokenergy.rollout import assign_roles, tag_ids_of
 from tokenergy.types import Role
 

@@ -503,7 +503,7 @@ def _build_lm(cfg: PipelineRunConfig, tok) -> nn.Module:
 
 def pipeline_tokenizer():
     """The word-level tokenizer over the corpora's words (and the envs', which it shares)."""
-    from tokenergy.models.lm import build_tokenizer
+    from tokenergy.models.tokenizer import build_tokenizer
 
     return build_tokenizer(corpus_words())
 

@@ -4,13 +4,13 @@ text envs of :func:`make` (``frozenlake``, ``sokoban``, ``sudoku4``, ``textworld
 
 from __future__ import annotations
 
-import gymnasium as gym
+from typing import Any
 
 from tokenergy.envs.bottleneck import BottleneckGridEnv
 from tokenergy.envs.frozenlake import FrozenLakeText
 from tokenergy.envs.sokoban import SokobanText
 from tokenergy.envs.sudoku import Sudoku4Text
-from tokenergy.envs.text import TEXT_ENVS, TextEnv, make
+from tokenergy.envs.text import TEXT_ENVS, TextEnv
 from tokenergy.envs.textworld_env import TextWorldText
 from tokenergy.envs.treasure import TreasureHuntText
 from tokenergy.envs.tree_search import TreeSearchText
@@ -32,10 +32,8 @@ __all__ = [
     "make",
 ]
 
-if "tokenergy/BottleneckGrid-v0" not in gym.registry:
-    gym.register(
-        id="tokenergy/BottleneckGrid-v0",
-        entry_point="tokenergy.envs.bottleneck:BottleneckGridEnv",
-        max_episode_steps=100,
-        reward_threshold=0.8,
-    )
+
+
+def make(name: str, **kwargs: Any) -> TextEnv:
+    """Build a registered text env by name: ``make("sokoban", size=6)``."""
+    return TEXT_ENVS.get(name)(**kwargs)

@@ -186,3 +186,12 @@ class BottleneckGridEnv(gym.Env):
             row = "".join("A" if (r, c) == self.pos else self.grid[r, c] for c in range(self.size))
             rows.append(row)
         return "\n".join(rows)
+
+
+if "tokenergy/BottleneckGrid-v0" not in gym.registry:
+    gym.register(
+        id="tokenergy/BottleneckGrid-v0",
+        entry_point="tokenergy.envs.bottleneck:BottleneckGridEnv",
+        max_episode_steps=100,
+        reward_threshold=0.8,
+    )

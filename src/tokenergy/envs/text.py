@@ -37,7 +37,6 @@ __all__ = [
     "TextEnv",
     "extract_answer",
     "format_turn",
-    "make",
     "split_actions",
     "state_match",
     "stated_state",
@@ -306,10 +305,3 @@ class TextEnv(abc.ABC):
 
 
 TEXT_ENVS: Registry[Callable[..., TextEnv]] = Registry("text environment")
-
-
-def make(name: str, **kwargs: Any) -> TextEnv:
-    """Build a registered text env by name: ``make("sokoban", size=6)``."""
-    import tokenergy.envs  # noqa: F401  (registers the built-in envs)
-
-    return TEXT_ENVS.get(name)(**kwargs)

@@ -64,7 +64,7 @@ class BatchedEnv:
     @classmethod
     def make(cls, env_id: str, num_envs: int, **kwargs) -> BatchedEnv:
         """``num_envs`` copies of ``gymnasium.make(env_id, **kwargs)``."""
-        import tokenergy.envs  # noqa: F401  (registers tokenergy/* ids)
+        import tokenergy.envs.bottleneck  # noqa: F401  (registers the tokenergy/* ids)
 
         return cls([lambda: gym.make(env_id, **kwargs) for _ in range(num_envs)])
 

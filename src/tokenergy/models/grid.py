@@ -47,7 +47,7 @@ __all__ = [
 
 def grid_token_ids(tokenizer) -> dict[str, object]:
     """The config fields of :class:`GridLlamaConfig` that name token ids, from a tokenizer."""
-    from tokenergy.models.lm import NEWLINE, TAG_TOKENS
+    from tokenergy.models.tokenizer import NEWLINE, TAG_TOKENS
 
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in TAG_TOKENS}
     specials = [tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id]

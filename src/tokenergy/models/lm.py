@@ -23,71 +23,24 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from tokenergy.models.tokenizer import build_tokenizer
+
 __all__ = [
     "MODEL_SIZES",
-    "SPECIAL_TOKENS",
     "AgentModel",
     "CriticModel",
     "ModelLoadError",
     "ValueHead",
     "agent_from_config",
     "build_agent",
-    "build_tokenizer",
     "causal_only",
     "load_agent",
     "save_agent",
     "separate_critic",
 ]
 
-NEWLINE = "⏎"  # newlines are a token of their own: grids are read row by row
-SPECIAL_TOKENS = {
-    "pad_token": "<pad>",
-    "bos_token": "<bos>",
-    "eos_token": "<eos>",
-    "unk_token": "<unk>",
-}
-TAG_TOKENS = ["<think>", "</think>", "<answer>", "</answer>"]
-
-
 class ModelLoadError(RuntimeError):
     """A model folder is missing, incomplete or not a causal language model."""
-
-
-def build_tokenizer(extra_words: list[str] | None = None):
-    """A word-level ``PreTrainedTokenizerFast`` over the text envs' vocabulary.
-
-    Words are split on whitespace and commas; tags (``<think>`` …) are matched anywhere, so
-    ``<answer>Up</answer>`` is three tokens. Newlines become the token ``⏎``. The vocabulary
-    is sorted, so the same envs always give the same ids.
-
-    Args:
-        extra_words: more words to include (e.g. a custom env's vocabulary).
-    """
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    from tokenergy.envs import TEXT_ENVS
-
-    words: set[str] = {NEWLINE, ".", ":", "||", *(str(d) for d in range(10))}
-    for name in TEXT_ENVS:
-        try:
-            env = TEXT_ENVS.get(name)()
-        except ValueError:
-            continue  # an env that needs arguments (textworld: its games) has an open vocabulary
-        words.update(env.vocabulary())
-        words.update(f"{env.instructions} . answer as … move".split())
-    words.update(extra_words or [])
-    specials = [*SPECIAL_TOKENS.values(), *TAG_TOKENS]
-    vocab = {tok: i for i, tok in enumerate([*specials, *sorted(words - set(specials))])}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.normalizer = normalizers.Replace("\n", f" {NEWLINE} ")
-    # commas are words of their own, so Sudoku's "2,3,4" is five known tokens
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Split(",", behavior="isolated")]
-    )
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, **SPECIAL_TOKENS)
-    fast.add_special_tokens({"additional_special_tokens": TAG_TOKENS})
-    return fast
 
 
 # name -> (hidden, layers, heads, intermediate); parameter counts are for the default vocab

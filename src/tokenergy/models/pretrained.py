@@ -72,7 +72,7 @@ def smollm2_135m() -> Path:
 
 def add_tag_tokens(agent) -> list[int]:
     """Make the tags single tokens of the agent's tokenizer; returns the ids that were added."""
-    from tokenergy.models.lm import TAG_TOKENS
+    from tokenergy.models.tokenizer import TAG_TOKENS
 
     tok = agent.tokenizer
     missing = [t for t in TAG_TOKENS if t not in tok.get_vocab()]
