@@ -89,9 +89,9 @@ def append_results(title: str, body: str) -> None:
 def scripted_success(run_dir: Path, turn) -> float:
     """Success of ``turn(env) -> text`` (the scripted solver, a random mover) on the held-out
     episodes the run's evaluation plays (its ``eval.episodes``, ``seed_offset`` and ``maps``)."""
-    from tokenergy.algos.lm import eval_seeds
     from tokenergy.config import load_config
     from tokenergy.envs import make
+    from tokenergy.rollout.episodes import eval_seeds
 
     cfg = load_config(run_dir / "config.yaml")
     wins = 0

@@ -190,7 +190,7 @@ def test_solver_rollout_layout(tok):
 
 
 def test_solver_agreement_counts_turns_that_play_the_solvers_move(tok):
-    from tokenergy.algos.lm import _episode_stats
+    from tokenergy.rollout.episodes import episode_stats
 
     env = make("frozenlake", desc=["SFF", "FHF", "FFG"])
     env.reset(seed=0)
@@ -210,11 +210,11 @@ def test_solver_agreement_counts_turns_that_play_the_solvers_move(tok):
     eps[1:] = rollout(agent.policy, tok, envs[1:], [1], max_turns=6, count_solver_moves=True,
                       turn_fn=lambda e: next(moves, None) or e.solver_turn())  # fmt: skip
     assert (eps[1].turns, eps[1].solver_moves) == (5, 4)
-    stats = _episode_stats(collate(eps, tok.pad_token_id), "eval")
+    stats = episode_stats(collate(eps, tok.pad_token_id), "eval")
     assert stats["eval/solver_agreement"] == pytest.approx(8 / 9)
     # not counted: no metric
     eps = rollout(agent.policy, tok, envs, [0, 1], max_turns=2, turn_fn=lambda e: e.solver_turn())
-    assert "eval/solver_agreement" not in _episode_stats(collate(eps, tok.pad_token_id), "eval")
+    assert "eval/solver_agreement" not in episode_stats(collate(eps, tok.pad_token_id), "eval")
 
 
 def test_batched_cached_generation_equals_one_by_one(tok):
@@ -387,7 +387,7 @@ def _hand_batch():
 
 
 def test_grpo_and_reinforce_advantages_by_hand():
-    from tokenergy.algos.lm import ALGORITHMS
+    from tokenergy.advantages import ALGORITHMS
 
     traj, sc = _hand_batch()
     cfg = tiny_cfg().algo

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from tokenergy.algos.lm import _episode_stats
 from tokenergy.envs import make
 from tokenergy.envs.text import format_turn, state_match, stated_state
 from tokenergy.models import build_agent, build_tokenizer
 from tokenergy.rollout import collate, rollout
+from tokenergy.rollout.episodes import episode_stats
 
 torch.set_num_threads(1)
 
@@ -127,14 +127,14 @@ def test_rollout_measures_perception_and_evaluation_logs_it():
     other.reset(seed=99)
     blind = rollout(agent.policy, tok, envs, [0, 1, 2], max_turns=5, measure_perception=True,
                     turn_fn=lambda e: format_turn(other.state_text(), [e.solver_action()]))  # fmt: skip
-    stats = _episode_stats(collate(eps + blind, tok.pad_token_id), "eval")
+    stats = episode_stats(collate(eps + blind, tok.pad_token_id), "eval")
     turns = sum(e.turns for e in eps + blind)
     right = sum(e.turns for e in eps) + sum(e.state_exact for e in blind)
     assert stats["eval/state_exact"] == pytest.approx(right / turns)
     assert 0 < stats["eval/state_exact"] < stats["eval/state_tokens"] < 1
     # not measured: not logged
     eps = rollout(agent.policy, tok, envs[:1], [0], max_turns=1, turn_fn=lambda e: e.solver_turn())
-    assert "eval/state_exact" not in _episode_stats(collate(eps, tok.pad_token_id), "eval")
+    assert "eval/state_exact" not in episode_stats(collate(eps, tok.pad_token_id), "eval")
 
 
 # --------------------------------------------------------------------------- paper env forms
@@ -209,7 +209,7 @@ def test_two_moves_a_turn_solver_and_three_is_invalid(name):
 
 
 def test_evaluation_cycles_through_fixed_maps():
-    from tokenergy.algos.lm import eval_seeds
+    from tokenergy.rollout.episodes import eval_seeds
 
     assert eval_seeds(5, 100, 2) == [100, 101, 100, 101, 100]  # the paper: 32 maps x 16
     assert eval_seeds(3, 100, 0) == [100, 101, 102]  # one map an episode

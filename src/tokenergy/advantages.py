@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 import math
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
+from tokenergy.distributed import Parallel
+
 # masked_mean and whiten are re-exported so the math of this stage reads from one module.
 from tokenergy.ops import masked_mean, whiten
+from tokenergy.registry import Registry
 
-__all__ = ["gae", "group_relative", "high_variance_groups", "masked_mean", "token_gae", "whiten"]
+__all__ = [
+    "ALGORITHMS",
+    "AdvantageResult",
+    "gae",
+    "group_relative",
+    "high_variance_groups",
+    "masked_mean",
+    "token_gae",
+    "whiten",
+]
 
 
 @torch.no_grad()
@@ -187,3 +201,59 @@ def token_gae(
     advantages = torch.zeros_like(rewards).scatter(1, order, c_adv)
     returns = (advantages + values) * mask
     return advantages, returns
+
+
+# --------------------------------------------------------------------------- LM algorithms
+
+
+@dataclass
+class AdvantageResult:
+    advantages: torch.Tensor  # (B, T), zero outside the mask
+    returns: torch.Tensor | None  # (B, T) value targets, or None when no value head is trained
+
+
+AdvantageFn = Callable[..., AdvantageResult]
+_SINGLE = Parallel()
+ALGORITHMS: Registry[AdvantageFn] = Registry("algorithm")
+"""The LM trainer's algorithms (``algo.name``), each an advantage estimator over a scored
+batch: ``fn(traj, scored, rewards, algo_cfg, par=Parallel) -> AdvantageResult``, where
+``traj`` is a :class:`tokenergy.rollout.Trajectories` and ``scored`` a
+:class:`tokenergy.rollout.Scored`. A statistic over the batch goes through ``par``
+(:mod:`tokenergy.distributed`), so several processes compute what one would on the global batch.
+
+- ``ppo``: token-level GAE across turns (:func:`token_gae`), with the value head.
+- ``grpo``: :func:`group_relative` episode returns (G episodes per env seed) on every token
+  (Shao et al., 2024, arXiv:2402.03300).
+- ``reinforce``: discounted return-to-go minus the batch's mean episode return.
+"""
+
+
+@ALGORITHMS.register("ppo")
+def _ppo_advantages(
+    traj: Any, sc: Any, rewards: torch.Tensor, cfg: Any, par: Parallel = _SINGLE
+) -> AdvantageResult:
+    adv, ret = token_gae(
+        rewards, sc.values, traj.mask, traj.terminated, sc.bootstrap, cfg.gamma, cfg.lam
+    )
+    return AdvantageResult(adv, ret)
+
+
+@ALGORITHMS.register("grpo")
+def _grpo_advantages(
+    traj: Any, sc: Any, rewards: torch.Tensor, cfg: Any, par: Parallel = _SINGLE
+) -> AdvantageResult:
+    # An episode's score is its total reward (the KL penalty included when it is a reward).
+    per_episode = (rewards * traj.mask).sum(1)
+    adv = group_relative(per_episode, traj.groups, scale=cfg.group_scale)
+    return AdvantageResult(adv[:, None] * traj.mask, None)
+
+
+@ALGORITHMS.register("reinforce")
+def _reinforce_advantages(
+    traj: Any, sc: Any, rewards: torch.Tensor, cfg: Any, par: Parallel = _SINGLE
+) -> AdvantageResult:
+    # Return-to-go over the agent's tokens is GAE with V = 0 and lambda = 1, no bootstrap.
+    zeros = torch.zeros_like(rewards)
+    to_go, _ = token_gae(rewards, zeros, traj.mask, traj.terminated, zeros[:, 0], cfg.gamma, 1.0)
+    baseline = par.mean((rewards * traj.mask).sum(1))  # the global batch's mean return
+    return AdvantageResult((to_go - baseline) * traj.mask, None)

@@ -392,9 +392,9 @@ def eval_cmd(
     import json
     import math
 
-    from tokenergy.algos.lm import eval_settings, evaluate
     from tokenergy.algos.ppo import resolve_device
     from tokenergy.models import load_agent
+    from tokenergy.rollout.episodes import eval_settings, evaluate
 
     cfg = load_config(run_dir / "config.yaml")
     if cfg.kind != "lm":

@@ -583,7 +583,7 @@ class AlgoConfig:
     )
 
     def __post_init__(self) -> None:
-        from tokenergy.algos.lm import ALGORITHMS
+        from tokenergy.advantages import ALGORITHMS
 
         _check(self.name in ALGORITHMS, "name", ALGORITHMS.unknown_message(self.name))
         _in_range(self.iterations, "iterations", 0, None)

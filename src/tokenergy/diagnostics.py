@@ -219,8 +219,8 @@ def action_bottleneck(
     The env seeds are held out (above ``eval.seed_offset + eval.episodes``), the same at every
     call, so values over training are comparable.
     """
-    from tokenergy.algos.lm import run_episodes
     from tokenergy.rollout import score
+    from tokenergy.rollout.episodes import run_episodes
 
     base = cfg.eval.seed_offset + cfg.eval.episodes
     env_seeds = [base + i for i in range(seeds) for _ in range(group)]

@@ -206,6 +206,6 @@ class TokenCredit:
 
 def solver_batch(cfg: LMRunConfig, agent, seeds: list[int]):
     """The scripted solver's episodes on ``seeds`` (the discriminator's positive examples)."""
-    from tokenergy.algos.lm import noisy_solver, run_episodes
+    from tokenergy.rollout.episodes import noisy_solver, run_episodes
 
     return run_episodes(agent, cfg, seeds, turn_fn=noisy_solver(0.0, np.random.default_rng(0)))

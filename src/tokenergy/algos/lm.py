@@ -12,16 +12,8 @@ the trained tokens of the minibatch (token-mean aggregation); advantages are whi
 every trained token of the batch; the KL to the reference is a per-token reward (``k1`` by
 default) or a loss term; one AdamW for policy and value head.
 
-Algorithms are registered by name in :data:`ALGORITHMS`; each turns a scored batch into
-per-token advantages (and value targets when it trains the value head). It is called as
-``fn(traj, scored, rewards, algo_cfg, par=Parallel)`` and takes any statistic over the batch
-through ``par`` (:mod:`tokenergy.distributed`), so that several processes compute what one
-process would on the global batch:
-
-- ``ppo``: token-level GAE across turns (:func:`~tokenergy.advantages.token_gae`), value head.
-- ``grpo``: ``group_relative`` episode returns (G episodes per env seed) on every token
-  (Shao et al., 2024, arXiv:2402.03300).
-- ``reinforce``: discounted return-to-go minus the batch mean episode return.
+The algorithm (``algo.name``) is the advantage estimator registered under that name in
+:data:`tokenergy.advantages.ALGORITHMS` (``ppo``, ``grpo``, ``reinforce``).
 """
 
 from __future__ import annotations
@@ -41,24 +33,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from tokenergy.advantages import group_relative, high_variance_groups, token_gae
+from tokenergy.advantages import ALGORITHMS, high_variance_groups
 from tokenergy.config import LMRunConfig
 from tokenergy.distributed import Parallel
 from tokenergy.energy import energy_prior_kl
-from tokenergy.envs import make
-from tokenergy.envs.text import TextEnv
 from tokenergy.losses import kl_estimate, ppo_policy_loss, value_loss
 from tokenergy.models.lm import causal_only
 from tokenergy.ops import masked_mean, masked_var
-from tokenergy.registry import Registry
 from tokenergy.rollout import (
     Scored,
     Trajectories,
     collate,
-    rollout,
     score,
     token_logprobs,
 )
+from tokenergy.rollout.episodes import episode_stats, evaluate, noisy_solver, run_episodes
 from tokenergy.runs import Run
 from tokenergy.safety import (
     AdaptiveKL,
@@ -68,14 +57,11 @@ from tokenergy.safety import (
     guarded_step,
     turn_ends,
 )
-from tokenergy.types import Role
 
 if TYPE_CHECKING:
     from tokenergy.models.lm import AgentOutput
 
 __all__ = [
-    "ALGORITHMS",
-    "AdvantageResult",
     "LMTrainResult",
     "evaluate",
     "noisy_solver",
@@ -86,46 +72,7 @@ __all__ = [
 ProgressFn = Callable[[int, int, int, dict[str, float]], None]
 
 
-@dataclass
-class AdvantageResult:
-    advantages: torch.Tensor  # (B, T), zero outside the mask
-    returns: torch.Tensor | None  # (B, T) value targets, or None when no value head is trained
-
-
-AdvantageFn = Callable[..., AdvantageResult]
 _SINGLE = Parallel()
-ALGORITHMS: Registry[AdvantageFn] = Registry("algorithm")
-
-
-@ALGORITHMS.register("ppo")
-def _ppo_advantages(
-    traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg, par: Parallel = _SINGLE
-) -> AdvantageResult:
-    adv, ret = token_gae(
-        rewards, sc.values, traj.mask, traj.terminated, sc.bootstrap, cfg.gamma, cfg.lam
-    )
-    return AdvantageResult(adv, ret)
-
-
-@ALGORITHMS.register("grpo")
-def _grpo_advantages(
-    traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg, par: Parallel = _SINGLE
-) -> AdvantageResult:
-    # An episode's score is its total reward (the KL penalty included when it is a reward).
-    per_episode = (rewards * traj.mask).sum(1)
-    adv = group_relative(per_episode, traj.groups, scale=cfg.group_scale)
-    return AdvantageResult(adv[:, None] * traj.mask, None)
-
-
-@ALGORITHMS.register("reinforce")
-def _reinforce_advantages(
-    traj: Trajectories, sc: Scored, rewards: torch.Tensor, cfg, par: Parallel = _SINGLE
-) -> AdvantageResult:
-    # Return-to-go over the agent's tokens is GAE with V = 0 and lambda = 1, no bootstrap.
-    zeros = torch.zeros_like(rewards)
-    to_go, _ = token_gae(rewards, zeros, traj.mask, traj.terminated, zeros[:, 0], cfg.gamma, 1.0)
-    baseline = par.mean((rewards * traj.mask).sum(1))  # the global batch's mean return
-    return AdvantageResult((to_go - baseline) * traj.mask, None)
 
 
 @dataclass
@@ -137,154 +84,6 @@ class LMTrainResult:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def noisy_solver(epsilon: float, rng: np.random.Generator) -> Callable[[TextEnv], str]:
-    """The solver's turn, each of its moves replaced by a random one with probability
-    ``epsilon``.
-
-    The scratchpad still states what the solver sees (and its plan, where the env writes
-    one), so the noise sits on the action tokens: the SFT policy learns to reason well and
-    act imperfectly.
-    """
-    from tokenergy.envs.text import format_turn
-
-    def turn(env: TextEnv) -> str:
-        moves = [
-            env.random_action(rng) if rng.random() < epsilon else m for m in env.solver_moves()
-        ]
-        return format_turn(env.reasoning(), moves)
-
-    return turn
-
-
-def _envs(cfg: LMRunConfig, n: int) -> list[TextEnv]:
-    return [make(cfg.env.name, **cfg.env.kwargs) for _ in range(n)]
-
-
-def run_episodes(
-    agent,
-    cfg: LMRunConfig,
-    seeds: list[int],
-    *,
-    temperature: float | None = None,
-    generator: torch.Generator | None = None,
-    groups: list[int] | None = None,
-    turn_fn: Callable[[TextEnv], str] | None = None,
-    count_solver_moves: bool = False,
-    measure_perception: bool = False,
-) -> Trajectories:
-    """Episodes of ``cfg``'s env on ``seeds`` with its rollout settings (the agent writing, or
-    ``turn_fn``), collated. ``temperature`` defaults to ``cfg.rollout.temperature``."""
-    eps = rollout(
-        agent.policy if turn_fn is None else None,
-        agent.tokenizer,
-        _envs(cfg, len(seeds)),
-        seeds,
-        groups=groups,
-        max_turns=cfg.env.max_turns,
-        max_turn_tokens=cfg.rollout.max_turn_tokens,
-        max_tokens=cfg.rollout.max_tokens,
-        instructions=cfg.rollout.instructions,
-        temperature=cfg.rollout.temperature if temperature is None else temperature,
-        top_p=cfg.rollout.top_p,
-        generator=generator,
-        turn_fn=turn_fn,
-        count_solver_moves=count_solver_moves,
-        measure_perception=measure_perception,
-    )
-    return collate(eps, agent.tokenizer.pad_token_id)
-
-
-def _episode_stats(traj: Trajectories, prefix: str) -> dict[str, float]:
-    turns = traj.turns.float()
-    agent_tokens = traj.mask.sum(1).float()
-    action = (traj.roles == int(Role.ACTION)) & traj.mask
-    counted = [e.solver_moves for e in traj.episodes]
-    extra = (
-        {f"{prefix}/solver_agreement": sum(counted) / max(float(turns.sum()), 1.0)}
-        if counted and min(counted) >= 0
-        else {}
-    )
-    state_turns = sum(e.state_turns for e in traj.episodes)
-    if state_turns:  # perception: the state the scratchpads state, against the truth
-        extra[f"{prefix}/state_exact"] = sum(e.state_exact for e in traj.episodes) / state_turns
-        extra[f"{prefix}/state_tokens"] = sum(e.state_tokens for e in traj.episodes) / state_turns
-    return {
-        f"{prefix}/return": float(traj.episode_return.mean()),
-        f"{prefix}/success": float(traj.success.float().mean()),
-        f"{prefix}/invalid_rate": float(traj.invalid_turns.sum() / turns.sum().clamp(min=1)),
-        f"{prefix}/turns": float(turns.mean()),
-        f"{prefix}/tokens": float((traj.last_index + 1).float().mean()),
-        f"{prefix}/agent_tokens": float(agent_tokens.mean()),
-        f"{prefix}/agent_tokens_std": float(agent_tokens.std(unbiased=False)),
-        f"{prefix}/action_token_share": float(action.sum() / traj.mask.sum().clamp(min=1)),
-        **extra,
-    }
-
-
-def eval_settings(
-    cfg: LMRunConfig,
-    episodes: int | None = None,
-    temperature: float | None = None,
-    seed_offset: int | None = None,
-    maps: int | None = None,
-) -> dict[str, Any]:
-    """The episodes, temperature, first held-out seed and number of distinct maps (0: one
-    per episode) an evaluation uses: the arguments, or the config's ``eval`` section where
-    they are None."""
-    return {
-        "episodes": episodes or cfg.eval.episodes,
-        "temperature": cfg.eval.temperature if temperature is None else temperature,
-        "seed_offset": cfg.eval.seed_offset if seed_offset is None else seed_offset,
-        "maps": cfg.eval.maps if maps is None else maps,
-    }
-
-
-def eval_seeds(n: int, seed_offset: int, maps: int) -> list[int]:
-    """The env seed of each of ``n`` evaluation episodes: ``maps`` held-out maps in turn
-    (``offset, offset + 1, …, offset + maps - 1, offset, …``), or ``n`` distinct ones when
-    ``maps`` is 0."""
-    return [seed_offset + (i % maps if maps else i) for i in range(n)]
-
-
-@torch.no_grad()
-def evaluate(
-    agent: torch.nn.Module,
-    cfg: LMRunConfig,
-    episodes: int | None = None,
-    temperature: float | None = None,
-    seed_offset: int | None = None,
-    par: Parallel = _SINGLE,
-    maps: int | None = None,
-) -> dict[str, float]:
-    """Success rate, invalid-action rate, mean turns and tokens on held-out env seeds.
-
-    With several processes each plays every ``world``-th seed and the stats are averaged.
-    """
-    settings = eval_settings(cfg, episodes, temperature, seed_offset, maps)
-    n, temp = settings["episodes"], settings["temperature"]
-    gen = torch.Generator().manual_seed(cfg.seed + 1)
-    was_training = agent.training
-    agent.eval()
-    if n < par.world:
-        raise ValueError(f"{n} evaluation episodes cannot be shared by {par.world} processes")
-    mine = eval_seeds(n, settings["seed_offset"], settings["maps"])[par.rank :: par.world]
-    eps = []
-    for start in range(0, len(mine), 64):  # chunks bound the memory of one batched generation
-        seeds = mine[start : start + 64]
-        eps += run_episodes(
-            agent,
-            cfg,
-            seeds,
-            temperature=temp,
-            generator=gen,
-            count_solver_moves=True,
-            measure_perception=True,
-        ).episodes
-    agent.train(was_training)
-    stats = _episode_stats(collate(eps, agent.tokenizer.pad_token_id), "eval")
-    return par.average_metrics(stats, float(len(eps)))
 
 
 def sft(
@@ -973,7 +772,7 @@ def train_lm(
             "kl/ref": float(masked_mean(kl_estimate(sc.logprobs, sc.ref_logprobs, "k3"), mask)),
             "adv/mean": float(masked_mean(advantages, mask)),
             "adv/std": float(masked_var(advantages, mask).sqrt()),
-            **_episode_stats(fresh, "rollout"),  # the new episodes (replayed ones excluded)
+            **episode_stats(fresh, "rollout"),  # the new episodes (replayed ones excluded)
             "rollout/replayed": replayed,
             "rollout/trained_episodes": traj.batch_size,
             "train/clip_eps": clip_eps,

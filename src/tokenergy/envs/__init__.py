@@ -33,7 +33,6 @@ __all__ = [
 ]
 
 
-
 def make(name: str, **kwargs: Any) -> TextEnv:
     """Build a registered text env by name: ``make("sokoban", size=6)``."""
     return TEXT_ENVS.get(name)(**kwargs)

@@ -39,6 +39,7 @@ __all__ = [
     "separate_critic",
 ]
 
+
 class ModelLoadError(RuntimeError):
     """A model folder is missing, incomplete or not a causal language model."""
 
