@@ -21,7 +21,7 @@ CONFIG = Path(__file__).parent.parent / "configs" / "bottleneck.yaml"
 def main() -> None:
     from tokenergy.config import load_config
     from tokenergy.experiments import run_ablation
-    from tokenergy.reports import write_report
+    from tokenergy.reports.runs import write_report
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)

@@ -26,7 +26,7 @@ def one_seed(args: tuple[int, int]) -> dict:
     torch.set_num_threads(1)
     from tokenergy.algos.ppo import train_ppo
     from tokenergy.config import load_config
-    from tokenergy.reports import steps_to_threshold
+    from tokenergy.reports.runs import steps_to_threshold
 
     seed, steps = args
     cfg = load_config(CONFIG, {"seed": seed, "ppo.total_steps": steps, "log.progress": False})

@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from tokenergy.config import ConfigError, config_from_dict
-from tokenergy.dfs import (
+from tokenergy.algos.dfs import (
     SearchTransformer,
     TreeBatch,
     dfs_weights,
@@ -18,6 +17,7 @@ from tokenergy.dfs import (
     random_dfs_leaves,
     train_dfs,
 )
+from tokenergy.config import ConfigError, config_from_dict
 from tokenergy.envs import make
 
 
@@ -170,7 +170,7 @@ def test_same_seed_same_run_with_two_threads():
     identical metrics, and the setting outside training is left as it was."""
     import torch
 
-    from tokenergy.dfs import deterministic_kernels
+    from tokenergy.algos.dfs import deterministic_kernels
 
     cfg = config_from_dict(
         {"kind": "dfs", "train": {"depths": [1, 2], "iterations": [5, 40], "batch": 128}}

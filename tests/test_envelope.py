@@ -11,7 +11,7 @@ import torch
 from tokenergy.algos import lm
 from tokenergy.algos.lm import train_lm
 from tokenergy.config import ConfigError
-from tokenergy.energy_models import NextObservationModel
+from tokenergy.credit.energy_models import NextObservationModel
 from tokenergy.models import build_agent
 from tokenergy.runs import Run, load_trainer_state
 from tokenergy.safety import (

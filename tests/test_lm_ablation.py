@@ -7,8 +7,8 @@ import yaml
 from test_lm import tiny_cfg
 from tokenergy.config import apply_overrides
 from tokenergy.experiments import plan_lm_ablation, run_ablation
+from tokenergy.reports.lm import is_lm_ablation, read_samples, write_lm_ablation_report
 from tokenergy.runs import RunDirError
-from tokenergy.token_reports import is_lm_ablation, read_samples, write_lm_ablation_report
 from tokenergy.types import Role
 
 

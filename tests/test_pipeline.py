@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 import torch
 
-from tokenergy import pipeline as pl
+from tokenergy.algos import pipeline as pl
 from tokenergy.config import ConfigError, config_from_dict
-from tokenergy.corpora import (
+from tokenergy.envs.corpora import (
     DOMAINS,
     distinct_n,
     make_corpus,
@@ -19,6 +19,8 @@ from tokenergy.corpora import (
     sentences,
     win_rate,
 )
+from tokenergy.experiments import plan_pipeline_grid
+from tokenergy.reports.pipeline import GRID_COLUMNS, grid_table
 
 
 def cfg_of(**over):
@@ -241,7 +243,7 @@ def test_config_errors():
 
 
 def test_grid_plan_shares_one_pretraining_per_size_and_seed(tmp_path):
-    pre, runs = pl.plan_grid(cfg_of(), ["tiny", "small"], ["story", "news"], 2, tmp_path)
+    pre, runs = plan_pipeline_grid(cfg_of(), ["tiny", "small"], ["story", "news"], 2, tmp_path)
     assert len(pre) == 4 and len(runs) == 8
     assert all(s.cfg.stop_after == "pretrain" for s in pre)
     for s in runs:
@@ -256,11 +258,11 @@ def test_grid_table_reads_the_summaries(tmp_path):
                                    ("small", "news", 0, -1.0)]:  # fmt: skip
         d = tmp_path / size / domain / f"seed_{k}"
         d.mkdir(parents=True)
-        summary = {key: 0.5 for key, _, _ in pl.GRID_COLUMNS}
+        summary = {key: 0.5 for key, _, _ in GRID_COLUMNS}
         summary["ppo/collapsed"] = float(k == 1)
         summary.update({"delta": delta, "sft/perplexity": 2.0 + k})
         (d / "summary.json").write_text(json.dumps(summary))
-    md, _ = pl.grid_table(tmp_path)
+    md, _ = grid_table(tmp_path)
     lines = md.splitlines()
     assert lines[2].startswith("| tiny | story | 2 |") and "2.00 ± 1.00" in lines[2]  # Δ
     assert lines[2].endswith("| 0.50 ± 0.50 |")  # one of the two seeds collapsed

@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from tokenergy.reports import (
+from tokenergy.reports.runs import (
     final_value,
     load_ablation,
     steps_to_threshold,

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenergy.diagnostics import role_reward_correlation
+from tokenergy.credit.diagnostics import role_reward_correlation
+from tokenergy.credit.energy_models import Discriminator, UncertaintyEnsemble, window_ids
 from tokenergy.energy import (
     TOKEN_ENERGIES,
     TOKEN_WEIGHTINGS,
@@ -24,7 +25,6 @@ from tokenergy.energy import (
     shuffle_within_roles,
     top_fraction_weights,
 )
-from tokenergy.energy_models import Discriminator, UncertaintyEnsemble, window_ids
 from tokenergy.types import Role
 
 OBS, R, A, F = (int(r) for r in (Role.OBSERVATION, Role.REASONING, Role.ACTION, Role.FORMAT))
@@ -437,7 +437,7 @@ def _t_density(x: float, df: int) -> float:
 
 @pytest.mark.parametrize(("t", "df"), [(1.0, 1), (1.0, 2), (2.3094, 3), (0.5, 7), (4.0, 30)])
 def test_t_p_value_matches_closed_forms_and_the_integrated_density(t, df):
-    from tokenergy.diagnostics import t_two_sided_p
+    from tokenergy.credit.diagnostics import t_two_sided_p
 
     # two-sided p = 2 * integral of the density from |t| to infinity; Simpson's rule on [0, t]
     n = 20_000
@@ -454,7 +454,7 @@ def test_t_p_value_matches_closed_forms_and_the_integrated_density(t, df):
 
 
 def test_spearman_hand_example_ties_and_degenerate_samples():
-    from tokenergy.diagnostics import spearman
+    from tokenergy.credit.diagnostics import spearman
 
     # ranks (1..5) against (2, 1, 4, 3, 5): sum d^2 = 4, rho = 1 - 6 * 4 / (5 * 24) = 0.8;
     # t = 0.8 * sqrt(3 / 0.36) = 2.3094 on 3 degrees of freedom: p = 0.1041
@@ -471,7 +471,7 @@ def test_spearman_hand_example_ties_and_degenerate_samples():
 
 
 def test_energy_reward_std_correlation_hand_example():
-    from tokenergy.diagnostics import energy_reward_std_correlation
+    from tokenergy.credit.diagnostics import energy_reward_std_correlation
 
     # 4 groups of 2 episodes; the groups' return stds are 0, 0.5, 1, 2 (population)
     returns = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 2.0, 0.0, 4.0])

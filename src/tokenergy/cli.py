@@ -115,7 +115,7 @@ def train(
 ) -> None:
     """Train one run. Extra --section.field VALUE options override the config."""
     from tokenergy.experiments import run_training
-    from tokenergy.reports import final_value
+    from tokenergy.reports.runs import final_value
 
     if threads is not None:
         import torch
@@ -226,7 +226,7 @@ def ablate(
         cfg, seeds, out, jobs=jobs, overwrite=overwrite, console=console, resume=resume, only=only
     )
     if cfg.kind == "dfs":
-        from tokenergy.dfs import ablation_table
+        from tokenergy.algos.dfs import ablation_table
 
         md = ablation_table(out)
         _print_table(md, f"{out}: search-eval of every run (mean ± std over seeds)")
@@ -259,8 +259,8 @@ def pipeline(
     perplexity, Distinct-n); a grid (several --size/--domain values or --seeds > 1) shares one
     pre-training per size and seed and writes table.md and headroom.png.
     """
-    from tokenergy.experiments import _finished, run_specs, run_training
-    from tokenergy.pipeline import grid_table, plan_grid
+    from tokenergy.experiments import _finished, plan_pipeline_grid, run_specs, run_training
+    from tokenergy.reports.pipeline import grid_table
     from tokenergy.runs import prepare_run_dir
 
     cfg = _load(config, ctx.args)
@@ -275,7 +275,7 @@ def pipeline(
         _print_summary(result.summary, str(out))
         return
     out = out or Path("runs") / f"{cfg.name}-grid"
-    pre, runs = plan_grid(cfg, sizes, domains, seeds, out)
+    pre, runs = plan_pipeline_grid(cfg, sizes, domains, seeds, out)
     if resume and out.is_dir():
         pre, runs = [s for s in pre if not _finished(s)], [s for s in runs if not _finished(s)]
     else:
@@ -321,13 +321,13 @@ def report(
 
 
 def _report(root: Path, metric: str | None = None, threshold: float | None = None) -> None:
-    from tokenergy.reports import write_report
-    from tokenergy.token_reports import (
+    from tokenergy.reports.lm import (
         is_lm_ablation,
         write_diagnose,
         write_lm_ablation_report,
         write_token_report,
     )
+    from tokenergy.reports.runs import write_report
 
     if is_lm_ablation(root):
         folder, md = write_lm_ablation_report(root)
@@ -448,10 +448,10 @@ def diagnose(
     import torch
 
     from tokenergy.algos.ppo import resolve_device
-    from tokenergy.diagnostics import action_bottleneck
+    from tokenergy.credit.diagnostics import action_bottleneck
     from tokenergy.models import load_agent
+    from tokenergy.reports.lm import write_diagnose
     from tokenergy.runs import read_metrics
-    from tokenergy.token_reports import write_diagnose
 
     cfg = load_config(run_dir / "config.yaml")
     if cfg.kind != "lm":
@@ -544,7 +544,7 @@ def search_eval(
 ) -> None:
     """Success within the leaf budget, leaves visited against randomized DFS, revisit rate and
     ranked-order share at each depth; attention.png shows what each head reads."""
-    from tokenergy.dfs import (
+    from tokenergy.algos.dfs import (
         SearchTransformer,
         attention_picture,
         dfs_weights,

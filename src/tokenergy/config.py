@@ -900,7 +900,7 @@ class LMRunConfig:
 
 @dataclass
 class CorpusConfig:
-    """The synthetic corpora of the pipeline (:mod:`tokenergy.corpora`)."""
+    """The synthetic corpora of the pipeline (:mod:`tokenergy.envs.corpora`)."""
 
     domain: str = _f("story", "domain of SFT, reward model and PPO: story, news or facts")
     train_docs: int = _f(2000, "documents of the domain for SFT, preference pairs and PPO prompts")
@@ -908,7 +908,7 @@ class CorpusConfig:
     pretrain_docs: int = _f(2000, "documents per domain (all three mixed) for pre-training")
 
     def __post_init__(self) -> None:
-        from tokenergy.corpora import DOMAINS
+        from tokenergy.envs.corpora import DOMAINS
 
         _check(
             self.domain in DOMAINS,

@@ -37,6 +37,7 @@ __all__ = [
     "RunSpec",
     "plan_ablation",
     "plan_lm_ablation",
+    "plan_pipeline_grid",
     "run_ablation",
     "run_specs",
     "run_training",
@@ -82,11 +83,11 @@ def _trainer(cfg: Any) -> tuple[Any, int]:
 
         return train_lm, cfg.algo.iterations + 1
     if getattr(cfg, "kind", "vector") == "dfs":
-        from tokenergy.dfs import train_dfs
+        from tokenergy.algos.dfs import train_dfs
 
         return train_dfs, sum(cfg.train.iterations)
     if getattr(cfg, "kind", "vector") == "pipeline":
-        from tokenergy.pipeline import run_pipeline, total_steps
+        from tokenergy.algos.pipeline import run_pipeline, total_steps
 
         return run_pipeline, total_steps(cfg)
     return train_ppo, cfg.num_iterations
@@ -417,3 +418,35 @@ class _Immediate:
 
     def put(self, item: Any) -> None:
         self.fn(item)
+
+
+def plan_pipeline_grid(
+    base: Any, sizes: list[str], domains: list[str], seeds: int, out: str | Path
+) -> tuple[list[RunSpec], list[RunSpec]]:
+    """The runs of a sizes × domains × seeds table, in two phases: one pre-training per size
+    and seed (``<out>/pretrain/<size>/seed_<k>``), then every domain's SFT → RM → PPO from it
+    (``<out>/<size>/<domain>/seed_<k>``). Configs are resolved and validated here."""
+    if seeds < 1:
+        raise ValueError(f"--seeds must be at least 1, got {seeds}")
+    out = Path(out)
+    pre, runs = [], []
+    for size in sizes:
+        for k in range(seeds):
+            seed = base.seed + k
+            common = {"model.size": size, "seed": seed, "log.progress": False}
+            shared = base.model.path is None and base.pretrain.steps > 0
+            pre_out = out / "pretrain" / size / f"seed_{k}"
+            if shared:
+                cfg = apply_overrides(
+                    base, {**common, "stop_after": "pretrain", "name": f"pretrain-{size}-s{k}"}
+                )
+                pre.append(RunSpec(f"{size}/pretrain", seed, cfg, pre_out))
+            for domain in domains:
+                over = {**common, "corpus.domain": domain, "name": f"{size}-{domain}-s{k}"}
+                if shared:
+                    over["model.path"] = str(pre_out / "pretrained")
+                cfg = apply_overrides(base, over)
+                runs.append(
+                    RunSpec(f"{size}/{domain}", seed, cfg, out / size / domain / f"seed_{k}")
+                )
+    return pre, runs

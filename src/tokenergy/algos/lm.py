@@ -3,7 +3,7 @@
 The loop reads top to bottom: (SFT on noisy solver episodes) → freeze a reference copy →
 per iteration: rollout → score (log-probs, values, reference log-probs, one forward) →
 per-token rewards (KL penalty) → advantages (the algorithm) → epochs of minibatch updates →
-log, evaluate, checkpoint. The per-token energy (``cfg.energy``, :mod:`tokenergy.algos.credit`)
+log, evaluate, checkpoint. The per-token energy (``cfg.energy``, :mod:`tokenergy.credit.token_credit`)
 enters at three places: shaped rewards before the advantages, loss weights in the policy
 loss (ActFocus, z-score bottleneck, top-entropy), and a prior KL term in the loss.
 
@@ -303,7 +303,7 @@ def _diagnose(agent, cfg: LMRunConfig, generator: torch.Generator, ref=None) -> 
     run keeps no reference)."""
     if cfg.eval.diagnose_seeds == 0:
         return {}
-    from tokenergy.diagnostics import action_bottleneck
+    from tokenergy.credit.diagnostics import action_bottleneck
 
     return action_bottleneck(
         agent, cfg, cfg.eval.diagnose_seeds, cfg.eval.diagnose_group, generator, reference=ref
@@ -456,7 +456,7 @@ def train_lm(
         if run is not None:
             run.log(step, row)
 
-    from tokenergy.algos.credit import TokenCredit, solver_batch
+    from tokenergy.credit.token_credit import TokenCredit, solver_batch
 
     credit = TokenCredit(cfg, len(tok))
     diag_gen = torch.Generator().manual_seed(cfg.seed + 2)
@@ -523,7 +523,7 @@ def train_lm(
     )
     curiosity = None
     if cfg.rollout.curiosity_coef > 0:
-        from tokenergy.energy_models import NextObservationModel
+        from tokenergy.credit.energy_models import NextObservationModel
 
         curiosity = NextObservationModel(len(tok), seed=cfg.seed + 3)
     anchor = None

@@ -4,7 +4,7 @@ The stages of one run (``tokenergy pipeline configs/slm-story.yaml``), after Haq
 Karray, *Towards Robust RL for Small-Scale LM Agents* (SMC 2026):
 
 1. **Pre-training** of a randomly initialised causal LM (full weights) on the three synthetic
-   domains mixed (:mod:`tokenergy.corpora`); skipped when ``model.path`` names a pre-trained
+   domains mixed (:mod:`tokenergy.envs.corpora`); skipped when ``model.path`` names a pre-trained
    folder.
 2. **SFT** with a LoRA adapter (``peft``) on the run's domain: ``prompt → continuation``, the
    loss on the continuation only.
@@ -14,7 +14,7 @@ Karray, *Towards Robust RL for Small-Scale LM Agents* (SMC 2026):
    adapter: only the value head would learn. The run refuses to train such a policy and
    says so.)
 4. A **Bradley–Terry reward model**: the pre-trained backbone with a scalar head on the last
-   token, trained on preference pairs (:func:`tokenergy.corpora.preference_pairs`) with
+   token, trained on preference pairs (:func:`tokenergy.envs.corpora.preference_pairs`) with
    ``-log σ(r_chosen - r_rejected)``.
 5. **PPO** on continuations of training prompts: reward-model score on the last token, a
    per-token KL penalty to the reference (fixed or adaptive β), GAE with a value head, clipped
@@ -44,8 +44,15 @@ from torch import nn
 
 from tokenergy.advantages import token_gae
 from tokenergy.config import PipelineRunConfig
-from tokenergy.corpora import Doc, Pair, corpus_words, distinct_n, make_corpus, preference_pairs
-from tokenergy.corpora import win_rate as analytic_win_rate
+from tokenergy.envs.corpora import (
+    Doc,
+    Pair,
+    corpus_words,
+    distinct_n,
+    make_corpus,
+    preference_pairs,
+)
+from tokenergy.envs.corpora import win_rate as analytic_win_rate
 from tokenergy.losses import kl_estimate, ppo_policy_loss, value_loss
 from tokenergy.models.lm import AgentModel
 from tokenergy.ops import masked_mean, whiten
@@ -61,13 +68,10 @@ from tokenergy.safety import (
 )
 
 __all__ = [
-    "GRID_COLUMNS",
     "PipelineResult",
     "RewardModel",
     "bradley_terry_loss",
-    "grid_table",
     "merge_and_reinit",
-    "plan_grid",
     "run_pipeline",
 ]
 
@@ -657,135 +661,3 @@ def summary_of(run_dir: str | Path) -> dict[str, Any]:
 def total_steps(cfg: PipelineRunConfig) -> int:
     """Progress steps of a run: one with ``stop_after: pretrain``."""
     return 1 if cfg.stop_after == "pretrain" else cfg.ppo.iterations + EXTRA_STEPS
-
-
-# --------------------------------------------------------------------------- grids
-
-
-def plan_grid(base: PipelineRunConfig, sizes: list[str], domains: list[str], seeds: int, out):
-    """The runs of a sizes × domains × seeds table, in two phases: one pre-training per size
-    and seed (``<out>/pretrain/<size>/seed_<k>``), then every domain's SFT → RM → PPO from it
-    (``<out>/<size>/<domain>/seed_<k>``). Configs are resolved and validated here."""
-    from tokenergy.config import apply_overrides
-    from tokenergy.experiments import RunSpec
-
-    if seeds < 1:
-        raise ValueError(f"--seeds must be at least 1, got {seeds}")
-    out = Path(out)
-    pre, runs = [], []
-    for size in sizes:
-        for k in range(seeds):
-            seed = base.seed + k
-            common = {"model.size": size, "seed": seed, "log.progress": False}
-            shared = base.model.path is None and base.pretrain.steps > 0
-            pre_out = out / "pretrain" / size / f"seed_{k}"
-            if shared:
-                cfg = apply_overrides(
-                    base, {**common, "stop_after": "pretrain", "name": f"pretrain-{size}-s{k}"}
-                )
-                pre.append(RunSpec(f"{size}/pretrain", seed, cfg, pre_out))
-            for domain in domains:
-                over = {**common, "corpus.domain": domain, "name": f"{size}-{domain}-s{k}"}
-                if shared:
-                    over["model.path"] = str(pre_out / "pretrained")
-                cfg = apply_overrides(base, over)
-                runs.append(
-                    RunSpec(f"{size}/{domain}", seed, cfg, out / size / domain / f"seed_{k}")
-                )
-    return pre, runs
-
-
-# (summary key, column title, digits)
-GRID_COLUMNS = [
-    ("sft/perplexity", "SFT ppl", 2),
-    ("rm/accuracy", "RM acc", 3),
-    ("sft/score_mean", "SFT score", 2),
-    ("ppo/score_mean", "PPO score", 2),
-    ("delta", "Δ", 2),
-    ("win_rate", "win rate", 3),
-    ("ppo/perplexity", "PPO ppl", 2),
-    ("sft/distinct2", "SFT D-2", 3),
-    ("ppo/distinct2", "PPO D-2", 3),
-    ("ppo/collapsed", "collapsed", 2),
-]
-
-
-def _mean_std(values: list[float], digits: int) -> str:
-    """Mean ± std over the finite values; ``(n NaN)`` says how many were not (collapsed)."""
-    v = np.asarray(values, dtype=float)
-    ok = v[np.isfinite(v)]
-    text = f"{ok.mean():.{digits}f} ± {ok.std():.{digits}f}" if ok.size else "–"
-    return text + (f" ({v.size - ok.size} NaN)" if ok.size < v.size else "")
-
-
-def grid_table(out: str | Path) -> tuple[str, list[dict[str, Any]]]:
-    """The markdown table of a grid folder (mean ± std over seeds, one row per size and
-    domain) and its rows, and ``headroom.png``: Δ against the SFT model's perplexity."""
-    out = Path(out)
-    cells: dict[tuple[str, str], list[dict[str, float]]] = {}
-    for f in sorted(out.glob("*/*/seed_*/summary.json")):
-        size, domain = f.parts[-4], f.parts[-3]
-        if size == "pretrain":
-            continue
-        cells.setdefault((size, domain), []).append(json.loads(f.read_text()))
-    if not cells:
-        raise ValueError(f"{out}: no finished runs (no <size>/<domain>/seed_*/summary.json)")
-    from tokenergy.models.lm import MODEL_SIZES
-
-    order = {s: i for i, s in enumerate(MODEL_SIZES)}
-    keys = sorted(cells, key=lambda c: (order.get(c[0], 99), c[1]))
-    head = "| size | domain | seeds | " + " | ".join(t for _, t, _ in GRID_COLUMNS) + " |"
-    lines = [head, "|" + "---|" * (3 + len(GRID_COLUMNS))]
-    rows = []
-    for size, domain in keys:
-        runs = cells[(size, domain)]
-        vals = [_mean_std([r.get(k, float("nan")) for r in runs], d) for k, _, d in GRID_COLUMNS]
-        lines.append(f"| {size} | {domain} | {len(runs)} | " + " | ".join(vals) + " |")
-        rows.append(
-            {
-                "size": size,
-                "domain": domain,
-                **{k: [r[k] for r in runs] for k, _, _ in GRID_COLUMNS},
-            }
-        )
-    _headroom_plot(rows, out / "headroom.png")
-    md = "\n".join(lines) + "\n"
-    (out / "table.md").write_text(md)
-    return md, rows
-
-
-def _headroom_plot(rows: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    markers = {"story": "o", "news": "s", "facts": "^"}
-    sizes = sorted({r["size"] for r in rows}, key=[r["size"] for r in rows].index)
-    colors = {s: f"C{i}" for i, s in enumerate(sizes)}
-    for r in rows:
-        for ax, key in zip(axes, ("delta", "win_rate"), strict=True):
-            ax.scatter(
-                r["sft/perplexity"],
-                r[key],
-                marker=markers.get(r["domain"], "x"),
-                color=colors[r["size"]],
-                label=f"{r['size']} {r['domain']}",
-                alpha=0.8,
-            )
-    axes[0].set_ylabel("Δ reward-model score (PPO − SFT)")
-    axes[1].set_ylabel("analytic win rate of PPO over SFT")
-    axes[1].axhline(0.5, color="grey", lw=0.8, ls="--")
-    axes[0].axhline(0.0, color="grey", lw=0.8, ls="--")
-    for ax in axes:
-        ax.set_xlabel("SFT perplexity, held out (lower = more fluent)")
-    handles, labels = axes[0].get_legend_handles_labels()
-    seen = dict(zip(labels, handles, strict=True))
-    fig.legend(seen.values(), seen.keys(), loc="center right", fontsize=7)
-    fig.suptitle(
-        "capacity headroom: the PPO gain against the SFT model's fluency (one point per seed)"
-    )
-    fig.tight_layout(rect=(0, 0, 0.85, 0.95))
-    fig.savefig(path, dpi=120)
-    plt.close(fig)

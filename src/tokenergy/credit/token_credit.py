@@ -57,11 +57,11 @@ class TokenCredit:
         self.has_reference = cfg.algo.kl_coef > 0 or self.e.needs_reference
         self.learned: Any = None
         if self.e.source == "discriminator":
-            from tokenergy.energy_models import Discriminator
+            from tokenergy.credit.energy_models import Discriminator
 
             self.learned = Discriminator(vocab_size, window=self.e.window, seed=cfg.seed)
         elif self.e.source == "uncertainty":
-            from tokenergy.energy_models import UncertaintyEnsemble
+            from tokenergy.credit.energy_models import UncertaintyEnsemble
 
             self.learned = UncertaintyEnsemble(vocab_size, window=self.e.window, seed=cfg.seed)
 
