@@ -26,7 +26,7 @@ import shutil
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -415,6 +415,12 @@ def train_lm(
 ) -> LMTrainResult:
     """SFT (when ``cfg.sft.episodes > 0``), then ``cfg.algo.iterations`` RL iterations.
 
+    An iteration is five stages, each a function below: :func:`collect` (episodes) →
+    :func:`score_batch` (log-probs, values, the reference; no gradient) →
+    :func:`assign_credit` (rewards, energies, advantages, loss weights) → :func:`update`
+    (epochs of minibatch steps) → :func:`iteration_metrics`, then :func:`evaluate_and_save`
+    (evaluation, logging, samples, checkpoint).
+
     With ``resume`` (an RL checkpoint folder written by this function) SFT is skipped and the
     run continues exactly from that checkpoint: weights, reference, optimizer, random
     generators and counters come back.
@@ -424,446 +430,635 @@ def train_lm(
     batches, shared by the processes; only rank 0 writes ``run`` and reports progress. A resumed
     multi-process run restores rank 0's random streams; the others start fresh ones.
     """
-    from tokenergy.algos.ppo import resolve_device
-    from tokenergy.models.lm import CriticModel, agent_from_config, separate_critic
+    t = LMTrainer.start(cfg, run, progress, agent, resume)
+    for iteration in range(t.start_iteration, cfg.algo.iterations):
+        t0 = time.perf_counter()
+        batch = collect(t)
+        t_rollout = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        sc = score_batch(t, batch.traj)
+        t_score = time.perf_counter() - t1
+        cr = assign_credit(t, batch, sc, iteration)
+        up = update(t, batch.traj, sc, cr, iteration)
+        t_update = time.perf_counter() - t1
+        row = iteration_metrics(t, iteration, batch, sc, cr, up)
+        row.update(perf_metrics(t, batch.traj, t_rollout, t_score, t_update))
+        evaluate_and_save(t, iteration, row, batch, sc, cr)
+    if t.run is not None:
+        _save_agent_folder(t.agent, t.run.path / "agent")
+    return LMTrainResult(t.agent, t.history, t.evals, t.run.path if t.run is not None else None)
 
-    device = resolve_device(cfg.device)
-    par = Parallel.from_env(device)
-    device = par.device(device)
-    if par.enabled:
-        _check_parallel(cfg, par)
-        if not par.is_main:
-            run, progress = None, None
-    torch.manual_seed(cfg.seed)
-    # Each process samples from its own stream; rank 0's is the single-process one.
-    gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * par.rank)
-    rng = np.random.default_rng(cfg.seed)  # the episode seeds: the same on every process
-    if agent is None:
-        agent = agent_from_config(cfg.model, seed=cfg.seed)
-    agent = agent.to(device)
-    agent.value_scale = cfg.algo.value_scale
-    tok = agent.tokenizer
-    a = cfg.algo
-    advantage_fn = ALGORITHMS.get(a.name)
-    trains_value = a.name == "ppo"
-    history: list[dict[str, float]] = []
-    evals: list[dict[str, float]] = []
-    n_iters = a.iterations
-    total = n_iters + 1  # progress: SFT counts as one step
-    t_start = time.perf_counter()
 
-    def log(step: int, row: dict[str, float]) -> None:
-        if run is not None:
-            run.log(step, row)
+@dataclass
+class LMTrainer:
+    """Everything an LM run carries from one iteration to the next: the agent and its frozen
+    reference, the optimizer, the random streams, the credit stage, the envelope's controllers
+    and the run's counters and records. :meth:`start` builds it (SFT, or a checkpoint)."""
 
-    from tokenergy.credit.token_credit import TokenCredit, solver_batch
+    cfg: LMRunConfig
+    run: Run | None
+    progress: ProgressFn | None
+    par: Parallel
+    device: torch.device
+    agent: torch.nn.Module
+    ref: torch.nn.Module | None
+    opt: torch.optim.Optimizer
+    params: list[torch.nn.Parameter]
+    clip_apart: list[list[torch.nn.Parameter]] | None
+    gen: torch.Generator  # sampling, minibatch order, weights' noise, the SFT anchor
+    rng: np.random.Generator  # the episode seeds: the same on every process
+    diag_gen: torch.Generator
+    credit: Any  # tokenergy.credit.token_credit.TokenCredit
+    curriculum: Curriculum
+    kl_ctl: AdaptiveKL | None
+    target_head: torch.nn.Module | None
+    curiosity: Any  # tokenergy.credit.energy_models.NextObservationModel or None
+    anchor: _Anchor | None
+    replay: deque  # successful episodes, newest last
+    reuse_logprobs: bool
+    t_start: float
+    start_iteration: int = 0
+    episodes_done: int = 0
+    skipped_steps: int = 0  # non-finite steps skipped (and rolled back), over the run
+    ratio_skips: int = 0  # minibatch steps skipped by the ratio cap, over the run
+    best_success: float = float("-inf")  # eval.keep_best
+    history: list[dict[str, float]] = field(default_factory=list)
+    evals: list[dict[str, float]] = field(default_factory=list)
 
-    credit = TokenCredit(cfg, len(tok))
-    diag_gen = torch.Generator().manual_seed(cfg.seed + 2)
+    @property
+    def trains_value(self) -> bool:
+        return self.cfg.algo.name == "ppo"
 
-    # ---- SFT warm start -------------------------------------------------------------------
-    ts: dict[str, Any] | None = None
-    best_success = float("-inf")  # eval.keep_best
-    if resume is None:
-        if cfg.sft.episodes > 0:
-            sft(agent, cfg, log=log if run is not None else None, par=par)
-        par.broadcast(agent)
-        if cfg.model.critic == "separate":
-            separate_critic(agent)  # after SFT: the critic starts from the SFT features
-        ev = {
-            "train/iteration": 0,
-            **evaluate(agent, cfg, par=par),
-            **(_diagnose(agent, cfg, diag_gen) if par.is_main else {}),
-        }
-        credit.after_eval(ev["eval/success"])
-        if cfg.eval.keep_best and run is not None:
-            best_success = ev["eval/success"]
-            _save_best(agent, run.path, 0, ev)
-        evals.append(ev)
-        log(0, ev)
-        if progress is not None:
-            progress(1, total, 0, ev)
-    else:
-        from tokenergy.runs import load_checkpoint, load_trainer_state
+    def log(self, step: int, row: dict[str, float]) -> None:
+        if self.run is not None:
+            self.run.log(step, row)
 
-        tensors, _, _ = load_checkpoint(resume)
-        if cfg.model.critic == "separate":
-            separate_critic(agent)  # the checkpoint's structure; its weights load next
-        agent.load_state_dict(tensors)
-        ts = load_trainer_state(resume)
-        par.broadcast(agent)
+    @classmethod
+    def start(cls, cfg, run, progress, agent, resume) -> LMTrainer:
+        """The trainer after SFT and the first evaluation (logged at iteration 0), or after
+        loading the checkpoint ``resume``."""
+        from tokenergy.algos.ppo import resolve_device
+        from tokenergy.credit.token_credit import TokenCredit
+        from tokenergy.models.lm import agent_from_config
 
-    # ---- RL -------------------------------------------------------------------------------
-    ref = copy.deepcopy(agent.policy).eval().requires_grad_(False) if credit.has_reference else None
-    if cfg.model.train_top_blocks is not None:
-        from tokenergy.models.lm import freeze_lower_blocks
+        device = resolve_device(cfg.device)
+        par = Parallel.from_env(device)
+        device = par.device(device)
+        if par.enabled:
+            _check_parallel(cfg, par)
+            if not par.is_main:
+                run, progress = None, None
+        torch.manual_seed(cfg.seed)
+        # Each process samples from its own stream; rank 0's is the single-process one.
+        gen = torch.Generator().manual_seed(cfg.seed + 1_000_003 * par.rank)
+        rng = np.random.default_rng(cfg.seed)
+        t_start = time.perf_counter()
+        if agent is None:
+            agent = agent_from_config(cfg.model, seed=cfg.seed)
+        agent = agent.to(device)
+        agent.value_scale = cfg.algo.value_scale
+        credit = TokenCredit(cfg, len(agent.tokenizer))
+        diag_gen = torch.Generator().manual_seed(cfg.seed + 2)
+        if resume is None:
+            first_eval, ts = _warm_start(cfg, run, progress, agent, par, credit, diag_gen), None
+        else:
+            first_eval, ts = None, _load_weights(cfg, agent, par, resume)
+        t = cls._build(cfg, run, progress, par, device, agent, credit, gen, rng, diag_gen, t_start)
+        if first_eval is not None:
+            t.evals.append(first_eval)
+            if cfg.eval.keep_best and run is not None:
+                t.best_success = first_eval["eval/success"]
+                _save_best(agent, run.path, 0, first_eval)
+        if ts is not None:
+            t.restore(ts)
+        return t
 
-        freeze_lower_blocks(agent.policy, cfg.model.train_top_blocks)
+    @classmethod
+    def _build(cls, cfg, run, progress, par, device, agent, credit, gen, rng, diag_gen, t_start):
+        from tokenergy.models.lm import CriticModel
 
-    if ref is not None and ts is not None:
-        ref.load_state_dict(ts["ref"])
-    policy_params = [p for p in agent.policy.parameters() if p.requires_grad]
-    head_params = list(agent.value_head.parameters())
-    params = policy_params + head_params
-    # A critic with a transformer of its own has its gradient clipped apart from the policy's.
-    clip_apart = [policy_params, head_params] if isinstance(agent.value_head, CriticModel) else None
-    opt = torch.optim.AdamW(
-        [{"params": policy_params, "lr": a.lr}, {"params": head_params, "lr": a.value_lr}],
-        weight_decay=0.0,
-    )
-    n_groups = cfg.rollout.episodes // cfg.rollout.group_size
-    replay: deque = deque(maxlen=cfg.rollout.replay_size)  # successful episodes, newest last
-    n_replay = round(cfg.rollout.replay_ratio * cfg.rollout.episodes)
-    curriculum = Curriculum(cfg)
-    kl_ctl = AdaptiveKL(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target else None
-    target_head = (
-        copy.deepcopy(agent.value_head).requires_grad_(False)
-        if a.value_target_tau is not None
-        else None
-    )
-    curiosity = None
-    if cfg.rollout.curiosity_coef > 0:
-        from tokenergy.credit.energy_models import NextObservationModel
+        a = cfg.algo
+        ref = (
+            copy.deepcopy(agent.policy).eval().requires_grad_(False)
+            if credit.has_reference
+            else None
+        )
+        if cfg.model.train_top_blocks is not None:
+            from tokenergy.models.lm import freeze_lower_blocks
 
-        curiosity = NextObservationModel(len(tok), seed=cfg.seed + 3)
-    anchor = None
-    if a.sft_coef > 0:
-        anchor = _Anchor(agent, cfg, max(1, cfg.rollout.episodes // a.minibatches))
-    ratio_skips = 0  # minibatch steps skipped by the ratio cap, over the run
-    episodes_done = 0
-    skipped_steps = 0  # non-finite steps skipped (and rolled back), over the run
-    start_iteration = 0
-    if ts is not None:
-        opt.load_state_dict(ts["optimizer"])
-        gen.set_state(ts["generator"])
-        if not par.is_main:
-            gen.manual_seed(cfg.seed + 1_000_003 * par.rank + ts["iteration"])
-        rng.bit_generator.state = ts["np_rng"]
+            freeze_lower_blocks(agent.policy, cfg.model.train_top_blocks)
+        policy_params = [p for p in agent.policy.parameters() if p.requires_grad]
+        head_params = list(agent.value_head.parameters())
+        # A critic with a transformer of its own has its gradient clipped apart from the policy's.
+        critic = isinstance(agent.value_head, CriticModel)
+        opt = torch.optim.AdamW(
+            [{"params": policy_params, "lr": a.lr}, {"params": head_params, "lr": a.value_lr}],
+            weight_decay=0.0,
+        )
+        curiosity = None
+        if cfg.rollout.curiosity_coef > 0:
+            from tokenergy.credit.energy_models import NextObservationModel
+
+            curiosity = NextObservationModel(len(agent.tokenizer), seed=cfg.seed + 3)
+        return cls(
+            cfg=cfg, run=run, progress=progress, par=par, device=device, agent=agent, ref=ref,
+            opt=opt, params=policy_params + head_params,
+            clip_apart=[policy_params, head_params] if critic else None,
+            gen=gen, rng=rng, diag_gen=diag_gen, credit=credit, curriculum=Curriculum(cfg),
+            kl_ctl=AdaptiveKL(a.kl_coef, a.kl_target, a.kl_horizon) if a.kl_target else None,
+            target_head=copy.deepcopy(agent.value_head).requires_grad_(False)
+            if a.value_target_tau is not None
+            else None,
+            curiosity=curiosity,
+            anchor=_Anchor(agent, cfg, max(1, cfg.rollout.episodes // a.minibatches))
+            if a.sft_coef > 0
+            else None,
+            replay=deque(maxlen=cfg.rollout.replay_size),
+            reuse_logprobs=reuses_update_logprobs(cfg),
+            t_start=t_start,
+        )  # fmt: skip
+
+    def restore(self, ts: dict[str, Any]) -> None:
+        """Continue from a checkpoint's trainer state (written by :meth:`state_dict`)."""
+        if self.ref is not None:
+            self.ref.load_state_dict(ts["ref"])
+        self.opt.load_state_dict(ts["optimizer"])
+        self.gen.set_state(ts["generator"])
+        if not self.par.is_main:
+            self.gen.manual_seed(self.cfg.seed + 1_000_003 * self.par.rank + ts["iteration"])
+        self.rng.bit_generator.state = ts["np_rng"]
         torch.set_rng_state(ts["torch_rng"])
-        episodes_done, skipped_steps = ts["episodes_done"], ts["skipped_steps"]
-        credit.load_state_dict(ts["credit"])
-        diag_gen.set_state(ts["diag_generator"])
-        start_iteration = ts["iteration"]
-        replay.extend(ts.get("replay", []))
-        curriculum.load_state_dict(ts.get("curriculum", {}))
-        best_success = ts.get("best_success", best_success)
+        self.episodes_done, self.skipped_steps = ts["episodes_done"], ts["skipped_steps"]
+        self.credit.load_state_dict(ts["credit"])
+        self.diag_gen.set_state(ts["diag_generator"])
+        self.start_iteration = ts["iteration"]
+        self.replay.extend(ts.get("replay", []))
+        self.curriculum.load_state_dict(ts.get("curriculum", {}))
+        self.best_success = ts.get("best_success", self.best_success)
         envelope = ts.get("envelope", {})
-        ratio_skips = envelope.get("ratio_skips", 0)
-        if kl_ctl is not None and "kl_ctl" in envelope:
-            kl_ctl.load_state_dict(envelope["kl_ctl"])
-        if target_head is not None and "target_head" in envelope:
-            target_head.load_state_dict(envelope["target_head"])
-        if curiosity is not None and "curiosity" in envelope:
-            curiosity.load_state_dict(envelope["curiosity"])
-        t_start -= ts["elapsed_s"]
-        if run is not None:
+        self.ratio_skips = envelope.get("ratio_skips", 0)
+        if self.kl_ctl is not None and "kl_ctl" in envelope:
+            self.kl_ctl.load_state_dict(envelope["kl_ctl"])
+        if self.target_head is not None and "target_head" in envelope:
+            self.target_head.load_state_dict(envelope["target_head"])
+        if self.curiosity is not None and "curiosity" in envelope:
+            self.curiosity.load_state_dict(envelope["curiosity"])
+        self.t_start -= ts["elapsed_s"]
+        if self.run is not None:
             from tokenergy.runs import read_metrics
 
-            history = [r for r in read_metrics(run.path) if r.get("train/iteration", 0) > 0]
-            evals = [r for r in read_metrics(run.path) if "eval/success" in r]
-    reuse_logprobs = reuses_update_logprobs(cfg)
-    for iteration in range(start_iteration, n_iters):
-        t0 = time.perf_counter()
-        env_seeds = rng.integers(0, cfg.eval.seed_offset, size=n_groups)
-        seeds = [int(s) for s in np.repeat(env_seeds, cfg.rollout.group_size)]
-        seeds = par.shard(seeds, cfg.rollout.group_size, what="episodes")  # whole groups
-        groups = [i // cfg.rollout.group_size for i in range(len(seeds))]
-        agent.eval()
-        fresh = run_episodes(agent, curriculum.config(), seeds, generator=gen, groups=groups)
-        episodes_done += fresh.batch_size * par.world
-        traj, replayed = fresh, 0
-        if cfg.rollout.keep_groups < 1.0:  # StarPO-S: train on the groups whose returns vary
-            kept = high_variance_groups(
-                torch.tensor([e.episode_return for e in fresh.episodes], dtype=torch.float64),
-                torch.tensor([e.group for e in fresh.episodes]),
-                cfg.rollout.keep_groups,
-            )
-            traj = collate([e for e, k in zip(fresh.episodes, kept.tolist(), strict=True) if k],
-                           tok.pad_token_id)  # fmt: skip
-        if n_replay and replay:  # success replay: earlier successes join the batch
-            picks = torch.randint(len(replay), (min(n_replay, len(replay)),), generator=gen)
-            old = [replay[int(i)] for i in picks]
-            traj, replayed = collate(traj.episodes + old, tok.pad_token_id), len(old)
-        if n_replay:
-            replay.extend(e for e in fresh.episodes if e.success)
-        t_rollout = time.perf_counter() - t0
+            rows = read_metrics(self.run.path)
+            self.history = [r for r in rows if r.get("train/iteration", 0) > 0]
+            self.evals = [r for r in rows if "eval/success" in r]
 
-        # ---- score, rewards, advantages (no gradient) ------------------------------------
-        t1 = time.perf_counter()
-        with autocast(device, a.precision), _value_head_swapped(agent, target_head):
-            sc = score(agent, ref, traj, extras=frozenset({cfg.energy.source}),
-                       policy=not reuse_logprobs)  # fmt: skip
-        t_score = time.perf_counter() - t1
-        mask = traj.mask
-        kl_tok = kl_estimate(sc.logprobs, sc.ref_logprobs, a.kl_kind) * mask  # (B, T)
-        rewards = traj.rewards.clone()
-        envelope_row: dict[str, float] = {}
-        ends = turn_ends(mask)  # where each turn's reward sits
-        if a.reward_whiten:
-            rewards, frac = clip_whiten_rewards(rewards, ends, a.reward_clip, par)
-            envelope_row["envelope/reward_clipped"] = frac
-        if curiosity is not None:
-            bonus = curiosity.bonus(traj.tokens, traj.roles, mask, traj.attention_mask)
-            rewards = rewards + cfg.rollout.curiosity_coef * bonus
-            envelope_row["rollout/curiosity"] = float(bonus.sum() / ends.sum().clamp(min=1))
-            envelope_row["loss/next_obs"] = curiosity.update(
-                traj.tokens, traj.roles, mask, traj.attention_mask
-            )
-        kl_coef = kl_ctl.value if kl_ctl is not None else a.kl_coef
-        if kl_coef > 0 and a.kl_in == "reward":
-            rewards = rewards - kl_coef * kl_tok
-        # A source that reads the reference is skipped when the run has none (energy unused).
-        has_energy = ref is not None or not cfg.energy.reads_reference
-        energy = credit.energy(traj, sc) if has_energy and not credit.needs_advantages else None
-        if energy is not None:
-            rewards = credit.shape(rewards, energy, traj, iteration)
-        res = advantage_fn(traj, sc, rewards, a, par=par)
-        advantages = res.advantages
-        adv_loss = par.whiten(advantages, mask) if a.norm_adv else advantages
-        if has_energy and energy is None:
-            energy = credit.energy(traj, sc, par.whiten(advantages, mask))
-        weights = credit.weights(energy, traj, iteration, gen) if has_energy else None
-        prior_coef = credit.prior_coef(iteration)
-        if has_energy:
-            solver = (
-                solver_batch(cfg, agent, seeds) if cfg.energy.source == "discriminator" else None
-            )
-            credit.update_learned(traj, solver)
-
-        # ---- update -------------------------------------------------------------------------
-        critic_only = iteration < a.critic_warmup_iters  # the value head learns, the policy waits
-        clip_eps = _scheduled(a.clip_eps, a.clip_eps_final, iteration, n_iters)
-        ent_coef = _scheduled(a.ent_coef, a.ent_coef_final, iteration, n_iters)
-        sft_coef = _scheduled(a.sft_coef, a.sft_coef_final, iteration, n_iters)
-        agent.train()
-        snapshot = Snapshot(agent, opt)  # the last good state, for a rollback
-        sums: dict[str, float] = {}
-        n_updates = 0
-        mb_size = max(1, traj.batch_size // a.minibatches)
-        for _epoch in range(a.epochs):
-            perm = torch.randperm(traj.batch_size, generator=gen)
-            for start in range(0, traj.batch_size, mb_size):
-                idx = perm[start : start + mb_size]
-                length = int(traj.last_index[idx].max()) + 1
-                cols = slice(0, length)
-                tokens = traj.tokens[idx, cols].to(device)
-                mb_mask = mask[idx, cols].to(device)
-                with autocast(device, a.precision):
-                    out = forward_by_length(
-                        agent,
-                        tokens,
-                        traj.attention_mask[idx, cols].to(device),
-                        traj.last_index[idx] + 1,
-                        trains_value,
-                        value_grad_to_policy=not critic_only,
-                    )
-                new_logprobs = token_logprobs(out.logits, tokens)
-                if reuse_logprobs:  # the only update, over the whole batch: the ratio is 1
-                    with torch.no_grad():
-                        sc.logprobs[idx, cols] = new_logprobs.float().cpu()
-                        logp = torch.log_softmax(out.logits[:, :-1].float(), -1)
-                        sc.entropy[idx, 1:length] = -(logp.exp() * logp).sum(-1).cpu()
-                old_logprobs = sc.logprobs[idx, cols].to(device)
-                if a.ratio_cap is not None and not critic_only:
-                    with torch.no_grad():
-                        ratio_mean = masked_mean((new_logprobs - old_logprobs).exp(), mb_mask)
-                        ratio_mean = par.sum(ratio_mean * par.token_share(mb_mask))
-                    if not bool(ratio_mean <= a.ratio_cap):  # NaN counts as over the cap
-                        ratio_skips += 1
-                        continue
-                pg_loss, pg_m = ppo_policy_loss(
-                    new_logprobs,
-                    old_logprobs,
-                    adv_loss[idx, cols].to(device),
-                    mb_mask,
-                    clip_eps,
-                    weights=None if weights is None else weights[idx, cols].to(device),
-                    clip_eps_high=a.clip_eps_high,
-                    normalize=a.loss_normalize,
-                )
-                loss = pg_loss
-                metrics = dict(pg_m)
-                if trains_value:
-                    v = out.values
-                    new_values = torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], 1)
-                    v_loss, v_m = value_loss(
-                        new_values,
-                        sc.values[idx, cols].to(device),
-                        res.returns[idx, cols].to(device),
-                        mb_mask,
-                        a.value_clip,
-                    )
-                    loss = loss + a.vf_coef * v_loss
-                    metrics.update(v_m)
-                if ent_coef > 0:
-                    logp = torch.log_softmax(out.logits[:, :-1].float(), -1)
-                    ent = -(logp.exp() * logp).sum(-1)
-                    ent = torch.cat([ent.new_zeros(ent.shape[0], 1), ent], 1)
-                    ent_mean = masked_mean(ent, mb_mask)
-                    loss = loss - ent_coef * ent_mean
-                    metrics["entropy_bonus"] = ent_mean.detach()
-                if kl_coef > 0 and a.kl_in == "loss":
-                    kl = masked_mean(
-                        kl_estimate(new_logprobs, sc.ref_logprobs[idx, cols].to(device), a.kl_kind),
-                        mb_mask,
-                    )
-                    loss = loss + kl_coef * kl
-                    metrics["kl_loss"] = kl.detach()
-                if prior_coef > 0:
-                    # pi_E ∝ exp(-E_vocab / tau) with E_vocab = -log pi_ref: a softened reference.
-                    with torch.no_grad():
-                        attn = traj.attention_mask[idx, cols].to(device)
-                        ref_logits = ref(
-                            input_ids=tokens, attention_mask=causal_only(attn), use_cache=False
-                        ).logits[:, :-1]
-                    prior = energy_prior_kl(
-                        out.logits[:, :-1],
-                        -torch.log_softmax(ref_logits.float(), -1),
-                        mb_mask[:, 1:],
-                        cfg.energy.prior_tau,
-                    )
-                    loss = loss + prior_coef * prior
-                    metrics["prior_kl"] = prior.detach()
-                if anchor is not None and sft_coef > 0 and not critic_only:
-                    with autocast(device, a.precision):
-                        anchor_nll = anchor.loss(agent, device, gen)
-                    loss = loss + sft_coef * anchor_nll
-                    metrics["sft_anchor"] = anchor_nll.detach()
-                if critic_only:
-                    loss = a.vf_coef * v_loss
-                share = par.token_share(mb_mask)
-                grad_norm = guarded_step(
-                    loss, agent, opt, params, a.max_grad_norm, snapshot, par=par, share=share,
-                    clip_apart=clip_apart,
-                )  # fmt: skip
-                if grad_norm is None:
-                    skipped_steps += 1
-                    continue
-                metrics["grad_norm"] = grad_norm
-                for k, val in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + float(val)
-                n_updates += 1
-        means = defaultdict(
-            lambda: float("nan"), {k: v / max(n_updates, 1) for k, v in sums.items()}
-        )
-        if target_head is not None:  # soft update toward the value head just trained
-            with torch.no_grad():
-                for tp, p in zip(
-                    target_head.parameters(), agent.value_head.parameters(), strict=True
-                ):
-                    tp.lerp_(p, a.value_target_tau)
-        t_update = time.perf_counter() - t1
-
-        # ---- metrics ------------------------------------------------------------------------
-        trained_tokens = int(mask.sum())
-        row: dict[str, float] = {
-            "train/iteration": iteration + 1,
-            "train/episodes": episodes_done,
-            "train/lr": opt.param_groups[0]["lr"],
-            "train/clipfrac": means["clipfrac"],
-            "train/approx_kl": means["approx_kl"],
-            "train/grad_norm": means["grad_norm"],
-            "train/ratio_max": means["ratio_max"],
-            "train/updates": n_updates,
-            "train/skipped_steps": skipped_steps,
-            "train/critic_only": float(critic_only),
-            "loss/policy": means["policy_loss"],
-            "loss/entropy": float(masked_mean(sc.entropy, mask)),
-            "kl/ref": float(masked_mean(kl_estimate(sc.logprobs, sc.ref_logprobs, "k3"), mask)),
-            "adv/mean": float(masked_mean(advantages, mask)),
-            "adv/std": float(masked_var(advantages, mask).sqrt()),
-            **episode_stats(fresh, "rollout"),  # the new episodes (replayed ones excluded)
-            "rollout/replayed": replayed,
-            "rollout/trained_episodes": traj.batch_size,
-            "train/clip_eps": clip_eps,
-            "train/ent_coef": ent_coef,
-            "train/curriculum_level": curriculum.level,
-            "train/kl_coef": kl_coef,
-            "envelope/ratio_skips": ratio_skips,
-            **envelope_row,
-            "perf/rollout_s": t_rollout,
-            "perf/score_s": t_score,  # the no-gradient forward passes, inside update_s
-            "perf/update_s": t_update,
-            "perf/gen_tokens_per_s": trained_tokens / max(t_rollout, 1e-9),
-            "perf/update_tokens_per_s": a.epochs
-            * int(traj.attention_mask.sum())
-            / max(t_update, 1e-9),
-            "perf/elapsed_s": time.perf_counter() - t_start,
+    def state_dict(self, iteration: int) -> dict[str, Any]:
+        """The trainer state a checkpoint after ``iteration`` iterations holds (rank 0's)."""
+        return {
+            "iteration": iteration,
+            "optimizer": self.opt.state_dict(),
+            "generator": self.gen.get_state(),
+            "np_rng": self.rng.bit_generator.state,
+            "torch_rng": torch.get_rng_state(),
+            "episodes_done": self.episodes_done,
+            "skipped_steps": self.skipped_steps,
+            "replay": list(self.replay),
+            "curriculum": self.curriculum.state_dict(),
+            "best_success": self.best_success,
+            "envelope": {
+                "ratio_skips": self.ratio_skips,
+                "kl_ctl": self.kl_ctl.state_dict() if self.kl_ctl is not None else None,
+                "target_head": None if self.target_head is None else self.target_head.state_dict(),
+                "curiosity": None if self.curiosity is None else self.curiosity.state_dict(),
+            },
+            "credit": self.credit.state_dict(),
+            "diag_generator": self.diag_gen.get_state(),
+            "elapsed_s": time.perf_counter() - self.t_start,
+            "ref": None
+            if self.ref is None
+            else {k: v.detach().cpu().clone() for k, v in self.ref.state_dict().items()},
         }
-        if trains_value:
-            var_r = masked_var(res.returns, mask)
-            row["loss/value"] = means["value_loss"]
-            row["loss/value_clipfrac"] = means["value_clipfrac"]
-            row["train/explained_var"] = (
-                float("nan")
-                if float(var_r) == 0
-                else float(1 - masked_var(res.returns - sc.values, mask) / var_r)
-            )
-        if "kl_loss" in means:
-            row["loss/kl"] = means["kl_loss"]
-        if "entropy_bonus" in means:
-            row["loss/entropy_bonus"] = means["entropy_bonus"]
-        if "prior_kl" in means:
-            row["loss/prior_kl"] = means["prior_kl"]
-        if anchor is not None:
-            row["loss/sft_anchor"] = means["sft_anchor"]
-            row["train/sft_coef"] = sft_coef
-        if energy is not None:
-            row.update(credit.metrics(energy, weights, traj, iteration))
-        row = par.average_metrics(row, float(fresh.batch_size))
-        curriculum.after_iteration(row["rollout/success"])
-        if kl_ctl is not None:
-            kl_ctl.update(row["kl/ref"], fresh.batch_size * par.world)
-        last = iteration + 1 == n_iters
-        if (iteration + 1) % cfg.eval.every == 0 or last:
-            ev = evaluate(agent, cfg, par=par)
-            if par.is_main:
-                ev.update(_diagnose(agent, cfg, diag_gen, ref))
-            row.update(ev)
-            evals.append({"train/iteration": iteration + 1, **ev})
-            credit.after_eval(ev["eval/success"])
-            if cfg.eval.keep_best and run is not None and ev["eval/success"] > best_success:
-                best_success = ev["eval/success"]
-                _save_best(agent, run.path, iteration + 1, ev)
-        history.append({"train/global_step": episodes_done, **row})
-        if run is not None:
-            run.log(episodes_done, row)
-            if iteration % max(1, n_iters // 10) == 0 or last:
-                _write_samples(run, iteration + 1, traj, sc, advantages, tok, energy, weights)
-            every = cfg.log.checkpoint_every
-            if (every and (iteration + 1) % every == 0) or last:
-                trainer_state = {  # rank 0's
-                    "iteration": iteration + 1,
-                    "optimizer": opt.state_dict(),
-                    "generator": gen.get_state(),
-                    "np_rng": rng.bit_generator.state,
-                    "torch_rng": torch.get_rng_state(),
-                    "episodes_done": episodes_done,
-                    "skipped_steps": skipped_steps,
-                    "replay": list(replay),
-                    "curriculum": curriculum.state_dict(),
-                    "best_success": best_success,
-                    "envelope": {
-                        "ratio_skips": ratio_skips,
-                        "kl_ctl": kl_ctl.state_dict() if kl_ctl is not None else None,
-                        "target_head": target_head.state_dict()
-                        if target_head is not None
-                        else None,
-                        "curiosity": curiosity.state_dict() if curiosity is not None else None,
-                    },
-                    "credit": credit.state_dict(),
-                    "diag_generator": diag_gen.get_state(),
-                    "elapsed_s": time.perf_counter() - t_start,
-                    "ref": {k: v.detach().cpu().clone() for k, v in ref.state_dict().items()}
-                    if ref is not None
-                    else None,
-                }
-                run.save_checkpoint(
-                    agent, iteration + 1, {"episodes": episodes_done}, trainer_state
-                )
-        if progress is not None:
-            progress(iteration + 2, total, episodes_done, row)
 
+
+def _warm_start(cfg, run, progress, agent, par, credit, diag_gen) -> dict[str, float]:
+    """SFT (when configured), the separate critic, and the evaluation at iteration 0 (logged,
+    returned)."""
+    from tokenergy.models.lm import separate_critic
+
+    if cfg.sft.episodes > 0:
+        sft(agent, cfg, log=run.log if run is not None else None, par=par)
+    par.broadcast(agent)
+    if cfg.model.critic == "separate":
+        separate_critic(agent)  # after SFT: the critic starts from the SFT features
+    ev = {
+        "train/iteration": 0,
+        **evaluate(agent, cfg, par=par),
+        **(_diagnose(agent, cfg, diag_gen) if par.is_main else {}),
+    }
+    credit.after_eval(ev["eval/success"])
     if run is not None:
-        _save_agent_folder(agent, run.path / "agent")
-    return LMTrainResult(agent, history, evals, run.path if run is not None else None)
+        run.log(0, ev)
+    if progress is not None:
+        progress(1, cfg.algo.iterations + 1, 0, ev)  # progress: SFT counts as one step
+    return ev
+
+
+def _load_weights(cfg, agent, par, resume: Path) -> dict[str, Any]:
+    """Load a checkpoint's weights into ``agent``; returns its trainer state."""
+    from tokenergy.models.lm import separate_critic
+    from tokenergy.runs import load_checkpoint, load_trainer_state
+
+    tensors, _, _ = load_checkpoint(resume)
+    if cfg.model.critic == "separate":
+        separate_critic(agent)  # the checkpoint's structure; its weights load next
+    agent.load_state_dict(tensors)
+    ts = load_trainer_state(resume)
+    par.broadcast(agent)
+    return ts
+
+
+@dataclass
+class Batch:
+    """What :func:`collect` gathered: the new episodes, the batch that trains (StarPO-S's kept
+    groups and replayed successes), and the env seeds of the new episodes."""
+
+    fresh: Trajectories
+    traj: Trajectories
+    replayed: int
+    seeds: list[int]
+
+
+def collect(t: LMTrainer) -> Batch:
+    """Stage 1: play ``rollout.episodes`` new episodes (``group_size`` per env seed) with the
+    current policy; keep the groups whose returns vary most (``rollout.keep_groups``); add
+    earlier successes (``rollout.replay_ratio``). Reads the policy, ``t.rng`` and ``t.gen``;
+    writes ``t.replay`` and ``t.episodes_done``."""
+    cfg, par, tok = t.cfg, t.par, t.agent.tokenizer
+    n_groups = cfg.rollout.episodes // cfg.rollout.group_size
+    n_replay = round(cfg.rollout.replay_ratio * cfg.rollout.episodes)
+    env_seeds = t.rng.integers(0, cfg.eval.seed_offset, size=n_groups)
+    seeds = [int(s) for s in np.repeat(env_seeds, cfg.rollout.group_size)]
+    seeds = par.shard(seeds, cfg.rollout.group_size, what="episodes")  # whole groups
+    groups = [i // cfg.rollout.group_size for i in range(len(seeds))]
+    t.agent.eval()
+    fresh = run_episodes(t.agent, t.curriculum.config(), seeds, generator=t.gen, groups=groups)
+    t.episodes_done += fresh.batch_size * par.world
+    traj, replayed = fresh, 0
+    if cfg.rollout.keep_groups < 1.0:  # StarPO-S: train on the groups whose returns vary
+        kept = high_variance_groups(
+            torch.tensor([e.episode_return for e in fresh.episodes], dtype=torch.float64),
+            torch.tensor([e.group for e in fresh.episodes]),
+            cfg.rollout.keep_groups,
+        )
+        traj = collate([e for e, k in zip(fresh.episodes, kept.tolist(), strict=True) if k],
+                       tok.pad_token_id)  # fmt: skip
+    if n_replay and t.replay:  # success replay: earlier successes join the batch
+        picks = torch.randint(len(t.replay), (min(n_replay, len(t.replay)),), generator=t.gen)
+        old = [t.replay[int(i)] for i in picks]
+        traj, replayed = collate(traj.episodes + old, tok.pad_token_id), len(old)
+    if n_replay:
+        t.replay.extend(e for e in fresh.episodes if e.success)
+    return Batch(fresh, traj, replayed, seeds)
+
+
+def score_batch(t: LMTrainer, traj: Trajectories) -> Scored:
+    """Stage 2: one forward pass per model over the batch, without gradient: the policy's
+    log-probs and entropies (skipped when the update recomputes them, ratio 1), the value
+    head's values (the target head's, with ``algo.value_target_tau``), the reference's
+    log-probs and the energy source's extras."""
+    with autocast(t.device, t.cfg.algo.precision), _value_head_swapped(t.agent, t.target_head):
+        return score(t.agent, t.ref, traj, extras=frozenset({t.cfg.energy.source}),
+                     policy=not t.reuse_logprobs)  # fmt: skip
+
+
+@dataclass
+class Credit:
+    """What :func:`assign_credit` gives the update: per-token advantages (``(B, T)``, and the
+    whitened ones the loss reads), value targets, the energy and the loss weights (or None),
+    and this iteration's coefficients."""
+
+    advantages: torch.Tensor
+    adv_loss: torch.Tensor
+    returns: torch.Tensor | None
+    energy: torch.Tensor | None
+    weights: torch.Tensor | None
+    kl_coef: float
+    prior_coef: float
+    envelope_row: dict[str, float]
+
+
+def assign_credit(t: LMTrainer, batch: Batch, sc: Scored, iteration: int) -> Credit:
+    """Stage 3: the per-token rewards (whitened and clipped, a curiosity bonus, the KL penalty
+    when it is a reward), the energy and its shaping, the algorithm's advantages and the loss
+    weights; the learned energy models take their step here. No gradient reaches the policy."""
+    from tokenergy.credit.token_credit import solver_batch
+
+    cfg, a, par, traj = t.cfg, t.cfg.algo, t.par, batch.traj
+    mask = traj.mask
+    kl_tok = kl_estimate(sc.logprobs, sc.ref_logprobs, a.kl_kind) * mask  # (B, T)
+    rewards = traj.rewards.clone()
+    envelope_row: dict[str, float] = {}
+    ends = turn_ends(mask)  # where each turn's reward sits
+    if a.reward_whiten:
+        rewards, frac = clip_whiten_rewards(rewards, ends, a.reward_clip, par)
+        envelope_row["envelope/reward_clipped"] = frac
+    if t.curiosity is not None:
+        bonus = t.curiosity.bonus(traj.tokens, traj.roles, mask, traj.attention_mask)
+        rewards = rewards + cfg.rollout.curiosity_coef * bonus
+        envelope_row["rollout/curiosity"] = float(bonus.sum() / ends.sum().clamp(min=1))
+        envelope_row["loss/next_obs"] = t.curiosity.update(
+            traj.tokens, traj.roles, mask, traj.attention_mask
+        )
+    kl_coef = t.kl_ctl.value if t.kl_ctl is not None else a.kl_coef
+    if kl_coef > 0 and a.kl_in == "reward":
+        rewards = rewards - kl_coef * kl_tok
+    # A source that reads the reference is skipped when the run has none (energy unused).
+    has_energy = t.ref is not None or not cfg.energy.reads_reference
+    credit = t.credit
+    energy = credit.energy(traj, sc) if has_energy and not credit.needs_advantages else None
+    if energy is not None:
+        rewards = credit.shape(rewards, energy, traj, iteration)
+    res = ALGORITHMS.get(a.name)(traj, sc, rewards, a, par=par)
+    advantages = res.advantages
+    adv_loss = par.whiten(advantages, mask) if a.norm_adv else advantages
+    if has_energy and energy is None:
+        energy = credit.energy(traj, sc, par.whiten(advantages, mask))
+    weights = credit.weights(energy, traj, iteration, t.gen) if has_energy else None
+    prior_coef = credit.prior_coef(iteration)
+    if has_energy:
+        solver = (
+            solver_batch(cfg, t.agent, batch.seeds)
+            if cfg.energy.source == "discriminator"
+            else None
+        )
+        credit.update_learned(traj, solver)
+    return Credit(
+        advantages, adv_loss, res.returns, energy, weights, kl_coef, prior_coef, envelope_row
+    )
+
+
+@dataclass
+class UpdateStats:
+    """The update's means over its minibatch steps and this iteration's schedule."""
+
+    means: defaultdict
+    n_updates: int
+    critic_only: bool
+    clip_eps: float
+    ent_coef: float
+    sft_coef: float
+
+
+def update(t: LMTrainer, traj: Trajectories, sc: Scored, cr: Credit, iteration: int) -> UpdateStats:
+    """Stage 4: ``algo.epochs`` passes over the batch in ``algo.minibatches`` minibatches of
+    whole episodes, one guarded optimizer step each (:func:`minibatch_loss`); a step over the
+    ratio cap or with a non-finite gradient is skipped (and rolled back). During
+    ``algo.critic_warmup_iters`` only the value head learns."""
+    a, n_iters = t.cfg.algo, t.cfg.algo.iterations
+    critic_only = iteration < a.critic_warmup_iters  # the value head learns, the policy waits
+    clip_eps = _scheduled(a.clip_eps, a.clip_eps_final, iteration, n_iters)
+    ent_coef = _scheduled(a.ent_coef, a.ent_coef_final, iteration, n_iters)
+    sft_coef = _scheduled(a.sft_coef, a.sft_coef_final, iteration, n_iters)
+    coefs = {"clip_eps": clip_eps, "ent_coef": ent_coef, "sft_coef": sft_coef}
+    t.agent.train()
+    snapshot = Snapshot(t.agent, t.opt)  # the last good state, for a rollback
+    sums: dict[str, float] = {}
+    n_updates = 0
+    mb_size = max(1, traj.batch_size // a.minibatches)
+    for _epoch in range(a.epochs):
+        perm = torch.randperm(traj.batch_size, generator=t.gen)
+        for start in range(0, traj.batch_size, mb_size):
+            idx = perm[start : start + mb_size]
+            step = minibatch_loss(t, traj, sc, cr, idx, critic_only, coefs)
+            if step is None:  # over the ratio cap
+                t.ratio_skips += 1
+                continue
+            loss, metrics, mb_mask = step
+            grad_norm = guarded_step(
+                loss, t.agent, t.opt, t.params, a.max_grad_norm, snapshot, par=t.par,
+                share=t.par.token_share(mb_mask), clip_apart=t.clip_apart,
+            )  # fmt: skip
+            if grad_norm is None:
+                t.skipped_steps += 1
+                continue
+            metrics["grad_norm"] = grad_norm
+            for k, val in metrics.items():
+                sums[k] = sums.get(k, 0.0) + float(val)
+            n_updates += 1
+    if t.target_head is not None:  # soft update toward the value head just trained
+        with torch.no_grad():
+            for tp, p in zip(
+                t.target_head.parameters(), t.agent.value_head.parameters(), strict=True
+            ):
+                tp.lerp_(p, a.value_target_tau)
+    means = defaultdict(lambda: float("nan"), {k: v / max(n_updates, 1) for k, v in sums.items()})
+    return UpdateStats(means, n_updates, critic_only, clip_eps, ent_coef, sft_coef)
+
+
+def minibatch_loss(
+    t: LMTrainer,
+    traj: Trajectories,
+    sc: Scored,
+    cr: Credit,
+    idx: torch.Tensor,
+    critic_only: bool,
+    coefs: dict[str, float],
+) -> tuple[torch.Tensor, dict[str, Any], torch.Tensor] | None:
+    """The loss of the minibatch ``idx`` (the clipped policy loss with the credit's weights,
+    the value loss, the entropy bonus, the KL and prior terms, the SFT anchor), its metrics and
+    mask; None when its mean ratio is over ``algo.ratio_cap``."""
+    a, device, par, cfg = t.cfg.algo, t.device, t.par, t.cfg
+    length = int(traj.last_index[idx].max()) + 1
+    cols = slice(0, length)
+    tokens = traj.tokens[idx, cols].to(device)
+    mb_mask = traj.mask[idx, cols].to(device)
+    with autocast(device, a.precision):
+        out = forward_by_length(
+            t.agent,
+            tokens,
+            traj.attention_mask[idx, cols].to(device),
+            traj.last_index[idx] + 1,
+            t.trains_value,
+            value_grad_to_policy=not critic_only,
+        )
+    new_logprobs = token_logprobs(out.logits, tokens)
+    if t.reuse_logprobs:  # the only update, over the whole batch: the ratio is 1
+        with torch.no_grad():
+            sc.logprobs[idx, cols] = new_logprobs.float().cpu()
+            logp = torch.log_softmax(out.logits[:, :-1].float(), -1)
+            sc.entropy[idx, 1:length] = -(logp.exp() * logp).sum(-1).cpu()
+    old_logprobs = sc.logprobs[idx, cols].to(device)
+    if a.ratio_cap is not None and not critic_only:
+        with torch.no_grad():
+            ratio_mean = masked_mean((new_logprobs - old_logprobs).exp(), mb_mask)
+            ratio_mean = par.sum(ratio_mean * par.token_share(mb_mask))
+        if not bool(ratio_mean <= a.ratio_cap):  # NaN counts as over the cap
+            return None
+    loss, metrics = ppo_policy_loss(
+        new_logprobs,
+        old_logprobs,
+        cr.adv_loss[idx, cols].to(device),
+        mb_mask,
+        coefs["clip_eps"],
+        weights=None if cr.weights is None else cr.weights[idx, cols].to(device),
+        clip_eps_high=a.clip_eps_high,
+        normalize=a.loss_normalize,
+    )
+    metrics = dict(metrics)
+    if t.trains_value:
+        v = out.values
+        new_values = torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], 1)
+        v_loss, v_m = value_loss(
+            new_values,
+            sc.values[idx, cols].to(device),
+            cr.returns[idx, cols].to(device),
+            mb_mask,
+            a.value_clip,
+        )
+        loss = loss + a.vf_coef * v_loss
+        metrics.update(v_m)
+    if coefs["ent_coef"] > 0:
+        logp = torch.log_softmax(out.logits[:, :-1].float(), -1)
+        ent = -(logp.exp() * logp).sum(-1)
+        ent_mean = masked_mean(torch.cat([ent.new_zeros(ent.shape[0], 1), ent], 1), mb_mask)
+        loss = loss - coefs["ent_coef"] * ent_mean
+        metrics["entropy_bonus"] = ent_mean.detach()
+    if cr.kl_coef > 0 and a.kl_in == "loss":
+        ref_lp = sc.ref_logprobs[idx, cols].to(device)
+        kl = masked_mean(kl_estimate(new_logprobs, ref_lp, a.kl_kind), mb_mask)
+        loss = loss + cr.kl_coef * kl
+        metrics["kl_loss"] = kl.detach()
+    if cr.prior_coef > 0:
+        # pi_E ∝ exp(-E_vocab / tau) with E_vocab = -log pi_ref: a softened reference.
+        with torch.no_grad():
+            attn = traj.attention_mask[idx, cols].to(device)
+            ref_logits = t.ref(
+                input_ids=tokens, attention_mask=causal_only(attn), use_cache=False
+            ).logits[:, :-1]
+        prior = energy_prior_kl(
+            out.logits[:, :-1],
+            -torch.log_softmax(ref_logits.float(), -1),
+            mb_mask[:, 1:],
+            cfg.energy.prior_tau,
+        )
+        loss = loss + cr.prior_coef * prior
+        metrics["prior_kl"] = prior.detach()
+    if t.anchor is not None and coefs["sft_coef"] > 0 and not critic_only:
+        with autocast(device, a.precision):
+            anchor_nll = t.anchor.loss(t.agent, device, t.gen)
+        loss = loss + coefs["sft_coef"] * anchor_nll
+        metrics["sft_anchor"] = anchor_nll.detach()
+    if critic_only:
+        loss = a.vf_coef * v_loss
+    return loss, metrics, mb_mask
+
+
+def iteration_metrics(
+    t: LMTrainer, iteration: int, batch: Batch, sc: Scored, cr: Credit, up: UpdateStats
+) -> dict[str, float]:
+    """The iteration's row (docs/metrics.md): training, losses, advantages, the new episodes'
+    stats, the envelope and the credit's metrics (averaged over processes later)."""
+    traj, mask, means = batch.traj, batch.traj.mask, up.means
+    row: dict[str, float] = {
+        "train/iteration": iteration + 1,
+        "train/episodes": t.episodes_done,
+        "train/lr": t.opt.param_groups[0]["lr"],
+        "train/clipfrac": means["clipfrac"],
+        "train/approx_kl": means["approx_kl"],
+        "train/grad_norm": means["grad_norm"],
+        "train/ratio_max": means["ratio_max"],
+        "train/updates": up.n_updates,
+        "train/skipped_steps": t.skipped_steps,
+        "train/critic_only": float(up.critic_only),
+        "loss/policy": means["policy_loss"],
+        "loss/entropy": float(masked_mean(sc.entropy, mask)),
+        "kl/ref": float(masked_mean(kl_estimate(sc.logprobs, sc.ref_logprobs, "k3"), mask)),
+        "adv/mean": float(masked_mean(cr.advantages, mask)),
+        "adv/std": float(masked_var(cr.advantages, mask).sqrt()),
+        **episode_stats(batch.fresh, "rollout"),  # the new episodes (replayed ones excluded)
+        "rollout/replayed": batch.replayed,
+        "rollout/trained_episodes": traj.batch_size,
+        "train/clip_eps": up.clip_eps,
+        "train/ent_coef": up.ent_coef,
+        "train/curriculum_level": t.curriculum.level,
+        "train/kl_coef": cr.kl_coef,
+        "envelope/ratio_skips": t.ratio_skips,
+        **cr.envelope_row,
+    }
+    if t.trains_value:
+        var_r = masked_var(cr.returns, mask)
+        row["loss/value"] = means["value_loss"]
+        row["loss/value_clipfrac"] = means["value_clipfrac"]
+        row["train/explained_var"] = (
+            float("nan")
+            if float(var_r) == 0
+            else float(1 - masked_var(cr.returns - sc.values, mask) / var_r)
+        )
+    for key, name in (
+        ("kl_loss", "kl"),
+        ("entropy_bonus", "entropy_bonus"),
+        ("prior_kl", "prior_kl"),
+    ):
+        if key in means:
+            row[f"loss/{name}"] = means[key]
+    if t.anchor is not None:
+        row["loss/sft_anchor"] = means["sft_anchor"]
+        row["train/sft_coef"] = up.sft_coef
+    if cr.energy is not None:
+        row.update(t.credit.metrics(cr.energy, cr.weights, traj, iteration))
+    return row
+
+
+def perf_metrics(
+    t: LMTrainer, traj: Trajectories, t_rollout: float, t_score: float, t_update: float
+) -> dict[str, float]:
+    """The iteration's ``perf/*`` row: seconds of each stage and tokens per second."""
+    return {
+        "perf/rollout_s": t_rollout,
+        "perf/score_s": t_score,  # the no-gradient forward passes, inside update_s
+        "perf/update_s": t_update,
+        "perf/gen_tokens_per_s": int(traj.mask.sum()) / max(t_rollout, 1e-9),
+        "perf/update_tokens_per_s": t.cfg.algo.epochs
+        * int(traj.attention_mask.sum())
+        / max(t_update, 1e-9),
+        "perf/elapsed_s": time.perf_counter() - t.t_start,
+    }
+
+
+def evaluate_and_save(
+    t: LMTrainer, iteration: int, row: dict[str, float], batch: Batch, sc: Scored, cr: Credit
+) -> None:
+    """Stage 5: average the row over processes, step the curriculum and the KL controller,
+    evaluate every ``eval.every`` iterations (and at the last), log the row, write sampled
+    trajectories and the checkpoint, report progress."""
+    cfg, par, n_iters = t.cfg, t.par, t.cfg.algo.iterations
+    n_fresh = batch.fresh.batch_size
+    row = par.average_metrics(row, float(n_fresh))
+    t.curriculum.after_iteration(row["rollout/success"])
+    if t.kl_ctl is not None:
+        t.kl_ctl.update(row["kl/ref"], n_fresh * par.world)
+    last = iteration + 1 == n_iters
+    if (iteration + 1) % cfg.eval.every == 0 or last:
+        ev = evaluate(t.agent, cfg, par=par)
+        if par.is_main:
+            ev.update(_diagnose(t.agent, cfg, t.diag_gen, t.ref))
+        row.update(ev)
+        t.evals.append({"train/iteration": iteration + 1, **ev})
+        t.credit.after_eval(ev["eval/success"])
+        if cfg.eval.keep_best and t.run is not None and ev["eval/success"] > t.best_success:
+            t.best_success = ev["eval/success"]
+            _save_best(t.agent, t.run.path, iteration + 1, ev)
+    t.history.append({"train/global_step": t.episodes_done, **row})
+    if t.run is not None:
+        t.run.log(t.episodes_done, row)
+        if iteration % max(1, n_iters // 10) == 0 or last:
+            _write_samples(
+                t.run, iteration + 1, batch.traj, sc, cr.advantages, t.agent.tokenizer,
+                cr.energy, cr.weights,
+            )  # fmt: skip
+        every = cfg.log.checkpoint_every
+        if (every and (iteration + 1) % every == 0) or last:
+            t.run.save_checkpoint(
+                t.agent, iteration + 1, {"episodes": t.episodes_done}, t.state_dict(iteration + 1)
+            )
+    if t.progress is not None:
+        t.progress(iteration + 2, n_iters + 1, t.episodes_done, row)
