@@ -324,7 +324,8 @@ def _evals(rows: list[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
 
 def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     """Write ``<root>/report/{report.md, report.html, curves.png, diagnose.png}`` and each
-    environment's token pictures; returns ``(folder, markdown table)``."""
+    environment's token pictures; returns ``(folder, markdown table)``. Only finished runs
+    (those with their ``agent/`` saved) count."""
     root = Path(root)
     meta = yaml.safe_load((root / "ablation.yaml").read_text())
     envs, variants = meta["envs"], meta["variants"]
@@ -338,10 +339,50 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         raise RunDirError(f"{str(root)!r} holds no finished runs yet")
     out = root / "report"
     out.mkdir(exist_ok=True)
+    header = ["variant", *envs]
+    table, finals = _success_table(runs, envs, variants, metric, lambda ev: ev[-1][1])
+    peak_table, _ = _success_table(runs, envs, variants, metric, lambda ev: max(v for _, v in ev))
+    md_table = _markdown(header, table)
+    deltas = _paired_deltas(finals, envs, variants)
+    curves_png = _success_curves(runs, envs, variants, metric, out / "curves.png")
+    diag_png, diag_md = _diagnostic_section(runs, envs, variants, out / "diagnose.png")
+    weight_md = _weight_section(root, runs, envs, variants)
+    token_links = []
+    for env in envs:
+        for variant in [v for v in ("ppo", "actfocus-ppo", "actfocus") if v in variants]:
+            page = write_token_report(root / env / variant / "seed_0")
+            if page is not None:
+                token_links.append((f"{env} / {variant}", page.relative_to(root)))
+    seeds_n = meta.get("seeds", "?")
+    text = (
+        f"# LM ablation: {root.name}\n\nFinal-step held-out {metric} (the last evaluation), "
+        f"mean ± std over {seeds_n} seeds; every variant of an env and seed starts from the "
+        f"same SFT agent (first row).\n\n{md_table}\n\n" + "\n".join(deltas) + "\n\n"
+        f"Peak held-out {metric} (the best evaluation of each run):\n\n"
+        f"{_markdown(header, peak_table)}\n\n"
+        "![success curves](curves.png)\n\n"
+        "Action-bottleneck diagnostic (mean over evaluations and seeds):\n\n"
+        f"{diag_md}\n\n![diagnostic](diagnose.png)\n\n"
+        "Where the loss weight went (every RL iteration, all seeds):\n\n"
+        f"{weight_md}\n\nPer-token pictures:\n\n"
+        + "\n".join(f"- {label}: `{path}`" for label, path in token_links)
+        + "\n"
+    )
+    (out / "report.md").write_text(text)
+    _write_html(out / "report.html", root.name, metric, seeds_n, header, table, deltas,
+                curves_png, diag_png, token_links)  # fmt: skip
+    return out, md_table
 
-    # ---- table: final-step success per variant and env ------------------------------------
-    header = ["variant", *[f"{env}" for env in envs]]
-    table, finals = [], {}
+
+def _markdown(header: list[str], rows: list[list[str]]) -> str:
+    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(md + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _success_table(runs, envs, variants, metric, pick) -> tuple[list[list[str]], dict]:
+    """Rows of ``pick(evaluations)`` per variant and env (mean ± std over seeds), led by the
+    SFT start, and the per-seed values of each (env, variant)."""
+    table, values = [], {}
     start_row = ["SFT start"]
     for env in envs:
         starts = [
@@ -355,16 +396,18 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         row = [variant]
         for env in envs:
             seeds = runs.get(env, {}).get(variant, [])
-            vals = [ev[-1][1] for rows in seeds if (ev := _evals(rows, metric))]
-            finals[(env, variant)] = vals
+            vals = [pick(ev) for rows in seeds if (ev := _evals(rows, metric))]
+            values[(env, variant)] = vals
             row.append(_mean_std(vals) + (f" (n={len(vals)})" if vals else ""))
         table.append(row)
-    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(r) + " |" for r in table]
-    md_table = "\n".join(md)
+    return table, values
+
+
+def _paired_deltas(finals: dict, envs: list[str], variants: list[str]) -> list[str]:
+    """The differences of the compared variants in points, paired by seed (both variants of a
+    seed start from the same SFT agent)."""
 
     def delta(a: str, b: str) -> str:
-        # Paired by seed: both variants of a seed start from the same SFT agent.
         parts = []
         for env in envs:
             x, y = finals.get((env, a), []), finals.get((env, b), [])
@@ -375,20 +418,23 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
                 parts.append(f"{env} {statistics.mean(d):+.1f} ± {sd:.1f} ({wins}/{len(d)} seeds)")
         return ", ".join(parts)
 
-    deltas = [
+    pairs = (
+        ("actfocus-ppo", "ppo"),
+        ("actfocus-grpo", "grpo"),
+        ("actfocus-ppo", "grpo"),
+        ("downweight-only", "ppo"),
+        ("redistribute-only", "ppo"),
+        ("actfocus-ppo", "shuffled"),
+    )
+    return [
         f"- {a} − {b} (points, paired by seed, mean ± std): {d}"
-        for a, b in (
-            ("actfocus-ppo", "ppo"),
-            ("actfocus-grpo", "grpo"),
-            ("actfocus-ppo", "grpo"),
-            ("downweight-only", "ppo"),
-            ("redistribute-only", "ppo"),
-            ("actfocus-ppo", "shuffled"),
-        )
+        for a, b in pairs
         if a in variants and b in variants and (d := delta(a, b))
     ]
 
-    # ---- success curves ---------------------------------------------------------------------
+
+def _success_curves(runs, envs, variants, metric, path: Path) -> Path:
+    """Held-out success over training per env, mean ± std band over seeds per variant."""
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(1, len(envs), figsize=(5.2 * len(envs), 3.8), squeeze=False)
     for ax, env in zip(axes[0], envs, strict=True):
@@ -406,18 +452,21 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         ax.set_title(f"{env}: {metric}")
         ax.set_xlabel("RL iteration (0 = SFT start)")
         ax.grid(alpha=0.3)
-    curves_png = _save(fig, axes[0][-1], out / "curves.png", fontsize=7)
+    return _save(fig, axes[0][-1], path, fontsize=7)
 
-    # ---- diagnostic: |corr| of action vs reasoning tokens per variant, over training -------
+
+def _diagnostic_section(runs, envs, variants, path: Path) -> tuple[Path, str]:
+    """|corr| of action vs reasoning tokens' log-probs with the return, per variant over
+    training (a picture), and its means over evaluations and seeds (a table)."""
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     fig, axes = plt.subplots(1, len(envs), figsize=(5.2 * len(envs), 3.8), squeeze=False)
-    diag_lines = []
+    lines = []
     for ax, env in zip(axes[0], envs, strict=True):
         for i, variant in enumerate(variants):
             seeds = runs.get(env, {}).get(variant, [])
             for role, ls in (("action", "-"), ("reasoning", ":")):
-                series = [_diag_series(rows, f"diag/corr_{role}") for rows in seeds]
                 pooled: dict[int, list[float]] = {}
-                for xs, ys in series:
+                for xs, ys in (_diag_series(rows, f"diag/corr_{role}") for rows in seeds):
                     for x, y in zip(xs, ys, strict=True):
                         pooled.setdefault(x, []).append(y)
                 if pooled:
@@ -426,43 +475,37 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
                         xs, [statistics.mean(pooled[x]) for x in xs], ls,
                         color=colors[i % len(colors)], label=f"{variant} {role}",
                     )  # fmt: skip
-            shares = [
-                (
-                    r.get("diag/corr_action"),
-                    r.get("diag/corr_reasoning"),
-                    r.get("diag/share_action"),
+            rows = [r for rows in seeds for r in rows if "diag/share_action" in r]
+            if rows:
+                ca, cr, sh = (
+                    [v for r in rows if (v := r.get(k)) is not None and not math.isnan(v)]
+                    for k in ("diag/corr_action", "diag/corr_reasoning", "diag/share_action")
                 )
-                for rows in seeds
-                for r in rows
-                if "diag/share_action" in r
-            ]
-            if shares:
-                ca = [a for a, _, _ in shares if a is not None and not math.isnan(a)]
-                cr = [b for _, b, _ in shares if b is not None and not math.isnan(b)]
-                sh = [c for _, _, c in shares if c is not None]
-                diag_lines.append(
+                lines.append(
                     f"| {env} | {variant} | {_mean_std(ca)} | {_mean_std(cr)} | {_mean_std(sh)} |"
                 )
         ax.set_title(f"{env}: |corr(Σ log π, return)|")
         ax.set_xlabel("RL iteration")
         ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
-    diag_png = _save(fig, axes[0][-1], out / "diagnose.png", fontsize=6)
-    diag_md = ""
-    if diag_lines:
-        diag_md = (
-            "| env | variant | action abs corr | reasoning abs corr | action token share |\n"
-            "|---|---|---|---|---|\n" + "\n".join(diag_lines)
-        )
+    png = _save(fig, axes[0][-1], path, fontsize=6)
+    if not lines:
+        return png, ""
+    return png, (
+        "| env | variant | action abs corr | reasoning abs corr | action token share |\n"
+        "|---|---|---|---|---|\n" + "\n".join(lines)
+    )
 
-    # ---- where the gradient weight went: share on action tokens, the largest token weight ---
-    weight_lines = []
+
+def _weight_section(root: Path, runs, envs, variants) -> str:
+    """Where the gradient weight went: the share on action tokens, the largest token weight,
+    and the typical action token's weight (from the trajectories the runs kept)."""
+    lines = []
     for env in envs:
         for variant in variants:
             rows = [r for seed in runs.get(env, {}).get(variant, []) for r in seed]
             share = [r["weights/action_share"] for r in rows if "weights/action_share" in r]
             wmax = [r["weights/max"] for r in rows if "weights/max" in r]
-            # the typical action token's weight, from the trajectories the runs kept
             typical = [
                 w
                 for d in sorted((root / env / variant).glob("seed_*"))
@@ -471,41 +514,23 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
                 if role == int(Role.ACTION)
             ]
             if share:
-                weight_lines.append(
+                lines.append(
                     f"| {env} | {variant} | {statistics.mean(share):.3f} | "
                     f"{statistics.median(wmax):.1f} | {max(wmax):.1f} | "
                     + (f"{statistics.median(typical):.2f} |" if typical else "— |")
                 )
-    weight_md = ""
-    if weight_lines:
-        weight_md = (
-            "| env | variant | share of loss weight on action tokens | largest token weight "
-            "(median over iterations) | (max) | median action-token weight |\n"
-            "|---|---|---|---|---|---|\n" + "\n".join(weight_lines)
-        )
-
-    # ---- token pictures of one seed per env (PPO and ActFocus side by side) ---------------
-    token_links = []
-    for env in envs:
-        for variant in [v for v in ("ppo", "actfocus-ppo", "actfocus") if v in variants]:
-            page = write_token_report(root / env / variant / "seed_0")
-            if page is not None:
-                token_links.append((f"{env} / {variant}", page.relative_to(root)))
-
-    seeds_n = meta.get("seeds", "?")
-    text = (
-        f"# LM ablation: {root.name}\n\nFinal-step held-out {metric} (the last evaluation), "
-        f"mean ± std over {seeds_n} seeds; every variant of an env and seed starts from the "
-        f"same SFT agent (first row).\n\n{md_table}\n\n" + "\n".join(deltas) + "\n\n"
-        "![success curves](curves.png)\n\n"
-        "Action-bottleneck diagnostic (mean over evaluations and seeds):\n\n"
-        f"{diag_md}\n\n![diagnostic](diagnose.png)\n\n"
-        "Where the loss weight went (every RL iteration, all seeds):\n\n"
-        f"{weight_md}\n\nPer-token pictures:\n\n"
-        + "\n".join(f"- {label}: `{path}`" for label, path in token_links)
-        + "\n"
+    if not lines:
+        return ""
+    return (
+        "| env | variant | share of loss weight on action tokens | largest token weight "
+        "(median over iterations) | (max) | median action-token weight |\n"
+        "|---|---|---|---|---|---|\n" + "\n".join(lines)
     )
-    (out / "report.md").write_text(text)
+
+
+def _write_html(
+    path, name, metric, seeds_n, header, table, deltas, curves_png, diag_png, token_links
+) -> None:
     rows_html = "".join(
         "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in table
     )
@@ -514,8 +539,8 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         for label, p in token_links
     )
     page = (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(root.name)}</title>"
-        f"<style>{_CSS}</style></head><body><h1>{html.escape(root.name)}</h1>"
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(name)}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(name)}</h1>"
         f"<p>Final-step held-out {html.escape(metric)}, mean ± std over {seeds_n} seeds.</p>"
         "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"
         f"{rows_html}</table><p>{'<br>'.join(html.escape(d) for d in deltas)}</p>"
@@ -523,5 +548,4 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         f"<h2>Action-bottleneck diagnostic</h2><img src='data:image/png;base64,{_img(diag_png)}'>"
         f"<h2>Per-token pictures</h2><ul>{links}</ul></body></html>"
     )
-    (out / "report.html").write_text(page)
-    return out, md_table
+    path.write_text(page)
