@@ -114,6 +114,47 @@ def test_dfs_config_errors():
         config_from_dict({"kind": "dfs", "tree": {"k": 12}})
     with pytest.raises(ConfigError, match=r"model\.window"):
         config_from_dict({"kind": "dfs", "model": {"window": 0}})
+    with pytest.raises(ConfigError, match=r"train\.batch: 10 episodes do not split over the 3"):
+        config_from_dict({"kind": "dfs", "train": {"depths": [[1, 2, 3]], "iterations": [5],
+                                                   "batch": 10}})  # fmt: skip
+    with pytest.raises(ConfigError, match=r"train\.depths"):
+        config_from_dict({"kind": "dfs", "train": {"depths": [[]], "iterations": [5]}})
+    with pytest.raises(ConfigError, match=r"train\.budget_frac"):
+        config_from_dict({"kind": "dfs", "train": {"budget_frac": 0.0}})
+
+
+def test_training_budget_is_a_share_of_the_leaves_at_least_one():
+    from tokenergy.algos.dfs import training_budget
+
+    assert training_budget(2, 3, 0.5) == 4
+    assert training_budget(3, 2, 0.5) == 5  # ceil(4.5)
+    assert training_budget(3, 2, 0.01) == 1
+    assert training_budget(2, 4, None) is None
+
+
+def test_a_mixed_stage_plays_each_depth_in_the_same_batch(monkeypatch):
+    import tokenergy.algos.dfs as dfs
+
+    played = []
+    real_play = dfs.play
+
+    def spy(model, k, depth, episodes, gen, **kw):
+        played.append((depth, episodes, kw.get("budget")))
+        return real_play(model, k, depth, episodes, gen, **kw)
+
+    monkeypatch.setattr(dfs, "play", spy)
+    cfg = config_from_dict(
+        {
+            "kind": "dfs",
+            "train": {"depths": [1, [1, 2]], "iterations": [1, 2], "batch": 16, "budget_frac": 0.5},
+        }
+    )
+    hist = train_dfs(cfg).history
+    # stage 1: one batch of depth 1; stage 2: half the batch at depth 1, half at depth 2,
+    # each with half its leaves as budget (1 of 2, 2 of 4)
+    assert played == [(1, 16, 1), (1, 8, 1), (2, 8, 2), (1, 8, 1), (2, 8, 2)]
+    assert [r["train/depth"] for r in hist] == [1, 2, 2]
+    assert all(r["rollout/leaves"] <= 2 for r in hist)  # no episode passes its budget
 
 
 def test_search_eval_cli_writes_the_table_and_the_attention_picture(tmp_path):

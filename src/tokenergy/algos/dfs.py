@@ -379,6 +379,12 @@ def train_dfs(
         return _train_dfs(cfg, run, progress)
 
 
+def training_budget(k: int, depth: int, frac: float | None) -> int | None:
+    """The leaf budget of a training tree: ``ceil(frac * k**depth)`` leaves, at least one;
+    ``None`` (all ``k**depth``) without ``frac``."""
+    return None if frac is None else max(1, math.ceil(frac * k**depth))
+
+
 def _train_dfs(cfg, run, progress) -> DFSResult:
     t = cfg.tree
     tr = cfg.train
@@ -395,28 +401,38 @@ def _train_dfs(cfg, run, progress) -> DFSResult:
     step = 0
     t0 = time.perf_counter()
     kw = {"goal": t.goal, "zipf_s": t.zipf_s, "gamma": t.gamma}
-    for depth, n_iter in zip(tr.depths, tr.iterations, strict=True):
+    for stage, n_iter in zip(tr.depths, tr.iterations, strict=True):
+        depths = stage if isinstance(stage, list) else [stage]
         for _ in range(n_iter):
-            env = play(model, t.k, depth, tr.batch, gen, **kw)
-            lp, ent, valid = log_probs(model, env)
-            ret = env.reward
-            adv = ret - ret.mean()
-            n_moves = valid.sum().clamp(min=1)
-            loss = -(adv[:, None] * lp).sum() / n_moves - tr.ent_coef * ent.sum() / n_moves
+            # one batch per depth of the stage, each with its own baseline
+            envs = [
+                play(model, t.k, d, tr.batch // len(depths), gen, **kw,
+                     budget=training_budget(t.k, d, tr.budget_frac))
+                for d in depths
+            ]  # fmt: skip
+            terms, ent_sum, n_moves = [], 0.0, 0
+            for env in envs:
+                lp, ent, valid = log_probs(model, env)
+                adv = env.reward - env.reward.mean()
+                terms.append((adv[:, None] * lp).sum())
+                ent_sum = ent_sum + ent.sum()
+                n_moves = n_moves + valid.sum()
+            n_moves = n_moves.clamp(min=1)
+            loss = -sum(terms) / n_moves - tr.ent_coef * ent_sum / n_moves
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), tr.max_grad_norm)
             opt.step()
             step += 1
-            leaves = torch.tensor([len(v) for v in env.leaves], dtype=torch.float)
+            leaves = torch.tensor([len(v) for e in envs for v in e.leaves], dtype=torch.float)
             row = {
                 "train/iteration": step,
-                "train/depth": depth,
-                "rollout/success": float(env.found.float().mean()),
-                "rollout/return": float(ret.mean()),
+                "train/depth": max(depths),
+                "rollout/success": float(torch.cat([e.found for e in envs]).float().mean()),
+                "rollout/return": float(torch.cat([e.reward for e in envs]).mean()),
                 "rollout/leaves": float(leaves.mean()),
-                "rollout/revisit_rate": _revisit_rate(env),
-                "loss/entropy": float(ent.detach().sum() / n_moves),
+                "rollout/revisit_rate": sum(_revisit_rate(e) for e in envs) / len(envs),
+                "loss/entropy": float(ent_sum.detach() / n_moves),
                 "perf/elapsed_s": time.perf_counter() - t0,
             }
             history.append(row)
@@ -576,7 +592,8 @@ def ablation_table(root: str | Path, depths: list[int] | None = None, episodes: 
     root = Path(root)
     meta = yaml.safe_load((root / "ablation.yaml").read_text())
     base = config_from_dict(meta["base"])
-    depths = list(depths or [*base.train.depths, *base.eval.depths])
+    trained = [x for d in base.train.depths for x in (d if isinstance(d, list) else [d])]
+    depths = list(depths or sorted({*trained, *base.eval.depths}))
     episodes = episodes or base.eval.episodes
     t = base.tree
     table: dict[str, list[list[dict[str, float]]]] = {}

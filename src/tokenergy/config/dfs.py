@@ -58,9 +58,18 @@ class SearchModelConfig:
 class SearchTrainConfig:
     """REINFORCE with a batch-mean baseline over a depth curriculum."""
 
-    depths: list = _f([1, 2], "curriculum: tree depths, trained in this order")
+    depths: list = _f(
+        [1, 2],
+        "curriculum: tree depths, trained in this order; a list such as [1, 2] in place of a "
+        "depth mixes those depths in one batch (equal shares)",
+    )
     iterations: list = _f([150, 1500], "curriculum: iterations at each depth")
     batch: int = _f(128, "episodes per iteration")
+    budget_frac: float | None = _f(
+        None,
+        "training leaf budget as a share of the k^d leaves (at least 1 leaf); null: all k^d. "
+        "Evaluation always allows k^d",
+    )
     lr: float = _f(0.1, "Adam learning rate")
     ent_coef: float = _f(0.0, "entropy bonus coefficient")
     max_grad_norm: float = _f(1.0, "global gradient-norm clip")
@@ -72,9 +81,19 @@ class SearchTrainConfig:
             f"needs one count per curriculum depth ({len(self.depths)}), got {self.iterations}",
         )
         for d in self.depths:
+            mixed = d if isinstance(d, list) else [d]
             _check(
-                isinstance(d, int) and 1 <= d <= 16, "depths", f"must be ints in [1, 16], got {d!r}"
+                len(mixed) > 0 and all(isinstance(x, int) and 1 <= x <= 16 for x in mixed),
+                "depths",
+                f"must be ints in [1, 16] or lists of them, got {d!r}",
             )
+            _check(
+                self.batch % len(mixed) == 0,
+                "batch",
+                f"{self.batch} episodes do not split over the {len(mixed)} depths {d}",
+            )
+        if self.budget_frac is not None:
+            _in_range(self.budget_frac, "budget_frac", 0.0, 1.0, lo_open=True)
         for n in self.iterations:
             _check(isinstance(n, int) and n >= 0, "iterations", f"must be ints >= 0, got {n!r}")
         _in_range(self.batch, "batch", 2, None)
