@@ -158,3 +158,20 @@ def test_shipped_presets_load():
 def test_lm_energy_config_errors_name_the_field(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(Path(__file__).parent.parent / "configs" / "sokoban-ppo.yaml", override)
+
+
+@pytest.mark.parametrize(
+    ("data", "path"),
+    [
+        ({"kind": "vector", "ablation": {"variants": {"a/b": {}}}}, "ablation.variants.a/b"),
+        ({"kind": "dfs", "ablation": {"variants": {"budget-1\\2": {}}}}, "ablation.variants"),
+        ({"kind": "lm", "ablation": {"variants": {"x/y": {}}}}, "ablation.variants.x/y"),
+        ({"kind": "lm", "ablation": {"envs": {"so/ko": {}}}}, "ablation.envs.so/ko"),
+    ],
+)
+def test_ablation_names_that_would_nest_folders_are_refused(data, path):
+    from tokenergy.config import ConfigError, config_from_dict
+
+    with pytest.raises(ConfigError, match="names a run folder") as err:
+        config_from_dict(data)
+    assert str(err.value).startswith(path)

@@ -107,3 +107,14 @@ class AblationConfig:
                 f"variants.{name}",
                 "must be a dict of 'section.field: value'",
             )
+        _check_folder_names(self.variants, "variants")
+
+
+def _check_folder_names(table: dict, section: str) -> None:
+    """Variant and env names of an ablation name folders: no ``/`` or ``\\``, not empty."""
+    for name in table:
+        _check(
+            isinstance(name, str) and name.strip() != "" and not set("/\\") & set(name),
+            f"{section}.{name}",
+            "names a run folder: use a name without '/' or '\\'",
+        )

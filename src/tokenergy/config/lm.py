@@ -10,6 +10,7 @@ from tokenergy.config.fields import (
     ConfigError,
     LogConfig,
     _check,
+    _check_folder_names,
     _check_run_fields,
     _f,
     _in_range,
@@ -524,6 +525,8 @@ class LMAblationConfig:
             "variants",
             "must map at least one variant name to a dict of overrides",
         )
+        _check_folder_names(self.variants, "variants")
+        _check_folder_names(self.envs, "envs")
         for cell in self.cells:
             env, _, variant = str(cell).partition("/")
             _check(
