@@ -77,6 +77,9 @@ def test_small_ablation_report_and_resume(tmp_path):
     assert [ln.split("|")[1].strip() for ln in lines[1:]] == ["SFT start", "ppo", "actfocus-ppo"]
     for name in ("report.md", "report.html", "curves.png", "diagnose.png"):
         assert (folder / name).is_file()
+    report = (folder / "report.md").read_text()
+    assert "Peak held-out eval/success" in report  # beside the final step
+    assert "Final-step `eval/invalid_rate`" in report and "Final-step `eval/state_exact`" in report
     run = out / "frozenlake" / "actfocus-ppo" / "seed_0"
     tokens = (run / "report" / "tokens.html").read_text()
     assert 'class="obs"' in tokens and 'class="reasoning"' in tokens and "energy" in tokens

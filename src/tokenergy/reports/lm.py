@@ -343,6 +343,12 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     table, finals = _success_table(runs, envs, variants, metric, lambda ev: ev[-1][1])
     peak_table, _ = _success_table(runs, envs, variants, metric, lambda ev: max(v for _, v in ev))
     md_table = _markdown(header, table)
+    extra = ""  # what the agent still reads, and how often its turns are invalid, at the end
+    for key, what in (("eval/state_exact", "scratchpads that state the state exactly"),
+                      ("eval/invalid_rate", "invalid turns")):  # fmt: skip
+        rows, _ = _success_table(runs, envs, variants, key, lambda ev: ev[-1][1])
+        if any(cell != "—" for row in rows for cell in row[1:]):
+            extra += f"Final-step `{key}` ({what}):\n\n{_markdown(header, rows)}\n\n"
     deltas = _paired_deltas(finals, envs, variants)
     curves_png = _success_curves(runs, envs, variants, metric, out / "curves.png")
     diag_png, diag_md = _diagnostic_section(runs, envs, variants, out / "diagnose.png")
@@ -359,7 +365,7 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         f"mean ± std over {seeds_n} seeds; every variant of an env and seed starts from the "
         f"same SFT agent (first row).\n\n{md_table}\n\n" + "\n".join(deltas) + "\n\n"
         f"Peak held-out {metric} (the best evaluation of each run):\n\n"
-        f"{_markdown(header, peak_table)}\n\n"
+        f"{_markdown(header, peak_table)}\n\n{extra}"
         "![success curves](curves.png)\n\n"
         "Action-bottleneck diagnostic (mean over evaluations and seeds):\n\n"
         f"{diag_md}\n\n![diagnostic](diagnose.png)\n\n"
