@@ -3,13 +3,22 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# verl pins transformers below ours: its plug-in is tested in an environment of its own
+VERL_VENV := .venv-verl
+VERL_STAMP := $(VERL_VENV)/.installed
 
-.PHONY: demo demo-gridworld test test-slow lint format bench smollm2 textworld trl clean
+.PHONY: demo demo-gridworld test test-slow lint format bench smollm2 textworld trl verl clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	@touch $(STAMP)
+
+$(VERL_STAMP): requirements-verl.txt pyproject.toml
+	@test -x $(VERL_VENV)/bin/python || $(PYTHON) -m venv $(VERL_VENV)
+	$(VERL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-verl.txt
+	$(VERL_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	@touch $(VERL_STAMP)
 
 ## The main job: ActFocus vs PPO on Sokoban (tiny LM agent, SFT start, 2 seeds): a success
 ## table, and a report with curves and per-token energy heatmaps in runs/demo/report/.
@@ -20,16 +29,20 @@ demo: $(STAMP)
 demo-gridworld: $(STAMP)
 	$(VENV)/bin/tokenergy ablate configs/bottleneck.yaml --seeds 3 --out runs/demo-gridworld --overwrite
 
-## The default test suite (slow tests excluded).
-test: $(STAMP)
+## The default test suite (slow tests excluded), then the verl plug-in's tests in .venv-verl.
+test: $(STAMP) $(VERL_STAMP)
 	$(PY) -m pytest -q -m "not slow"
+	$(VERL_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/test_verl.py
+
+## verl 0.9.1 and tokenergy in .venv-verl, for tokenergy.integrations.verl (examples/verl/).
+verl: $(VERL_STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -q -m slow
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix src tests benchmarks
@@ -65,4 +78,4 @@ textworld: $(STAMP)
 	$(PY) -c "from tokenergy.envs.textworld_env import make_games; print(len(make_games('runs/textworld-games', n=8)), 'games in runs/textworld-games')"
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(VERL_VENV) runs .pytest_cache .ruff_cache
