@@ -63,10 +63,14 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LMTrainResult",
-    "evaluate",
-    "noisy_solver",
+    "LMTrainer",
+    "assign_credit",
+    "collect",
+    "evaluate_and_save",
+    "score_batch",
     "sft",
     "train_lm",
+    "update",
 ]
 
 ProgressFn = Callable[[int, int, int, dict[str, float]], None]
