@@ -54,6 +54,20 @@ CASES: dict[str, list[str]] = {
 }  # fmt: skip
 
 
+def cpu_model() -> str:
+    """The CPU's model name: sampled runs part between CPU kinds (float rounding flips a token
+    now and then), so golden numbers hold on the kind of CPU that wrote them."""
+    import platform
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def numbers(rows: list[dict]) -> list[dict]:
     """A run's metric rows without what measures time rather than learning."""
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
@@ -102,6 +116,7 @@ def main() -> None:
         here = run_case(name)
         if args.write_golden:
             GOLDEN.mkdir(exist_ok=True)
+            (GOLDEN / "cpu.txt").write_text(cpu_model() + "\n")
             (GOLDEN / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in here))
         if args.baseline is not None:
             there = run_case(name, args.baseline.resolve() / "src")
