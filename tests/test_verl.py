@@ -6,9 +6,20 @@ import asyncio
 import importlib.util
 
 import pytest
+import torch
 
+from tokenergy.energy import actfocus_weights
 from tokenergy.envs import make
-from tokenergy.integrations.verl import AGENT_NAME, play_episode
+from tokenergy.integrations.verl import (
+    AGENT_NAME,
+    actfocus_advantage_scale,
+    actfocus_settings,
+    play_episode,
+    response_roles,
+    scale_batch_advantages,
+    turn_roles,
+)
+from tokenergy.losses import ppo_policy_loss
 from tokenergy.models import build_tokenizer
 from tokenergy.rollout import rollout
 from tokenergy.rollout.episodes import noisy_solver
@@ -65,6 +76,8 @@ def test_an_episode_through_a_generate_server_is_our_rollout_of_it(env_name, see
     )
     assert got.reward == pytest.approx(want.episode_return)
     assert (got.turns, got.success) == (want.turns, want.success)
+    # the roles read back from the response ids are our rollout's
+    assert response_roles(tok, got.response_ids, got.response_mask) == want.roles[n : len(sequence)]
     # every turn asks the server to stop at the end of the answer, and sees the whole context
     assert all(p["stop"] == ["</answer>"] and p["temperature"] == 1.0 for _, p in calls)
     assert [len(c) for c, _ in calls] == sorted(len(c) for c, _ in calls)
@@ -136,3 +149,210 @@ def test_a_fresh_process_that_imports_verl_has_the_loop():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/")
     assert out.stdout.strip() == "True", out.stderr[-2000:]
+
+
+class CharTokenizer:
+    """One token per character (id = code point), 7 the end-of-sequence: tags take many tokens."""
+
+    all_special_ids = (7,)
+
+    def decode(self, ids, skip_special_tokens=False):
+        return "".join("" if i == 7 else chr(i) for i in ids)
+
+
+def test_roles_of_tags_split_into_many_tokens():
+    tok = CharTokenizer()
+    F, R, A = int(Role.FORMAT), int(Role.REASONING), int(Role.ACTION)
+    text = "<think>ab</think> <answer>up</answer>"
+    got = turn_roles(tok, [ord(c) for c in text] + [7])
+    want = [F] * 7 + [R, R] + [F] * 8 + [R] + [F] * 8 + [A, A] + [F] * 9 + [F]
+    assert got == want
+
+    # a token that reaches into a tag is a tag token; text after </answer> is reasoning again
+    class Merged(CharTokenizer):  # id c + 1000 reads "c<" : the last char runs into the tag
+        def decode(self, ids, skip_special_tokens=False):
+            return "".join(chr(i - 1000) + "<" if i >= 1000 else chr(i) for i in ids)
+
+    ids = [ord(c) for c in "<answer>u"] + [ord("p") + 1000] + [ord(c) for c in "/answer>x"]
+    assert turn_roles(Merged(), ids) == [F] * 8 + [A] + [F] + [F] * 8 + [R]
+    # observations between turns
+    mask = [1, 1, 0, 0, 1]
+    assert response_roles(tok, [ord(c) for c in "abcde"], mask) == [R, R, 0, 0, R]
+
+
+def test_the_advantage_scale_is_the_papers_weights_with_mean_one():
+    F, R, A = int(Role.FORMAT), int(Role.REASONING), int(Role.ACTION)
+    roles = torch.tensor([[R, R, F, A, A, F], [R, F, A, F, 0, 0]])
+    energy = torch.tensor([[0.0, 0.0, 0.0, 1.0, 3.0, 0.0], [0.0, 0.0, 2.0, 0.0, 0.0, 0.0]])
+    mask = roles != 0
+    w = actfocus_weights(roles, energy, mask, 0.1, 0.5)
+    scale = actfocus_advantage_scale(roles, energy, mask, 0.1, 0.5)
+    assert float(scale[mask].mean()) == pytest.approx(1.0)
+    assert torch.allclose(scale, w * 10 / w[mask].sum())
+    # action energies 1, 3, 2: z = -1.22, 1.22, 0 -> 1 + 0.5 sigmoid(z)
+    z = torch.tensor([-1.0, 1.0]) * (1.5**0.5)
+    assert torch.allclose(w[0, 3:5], 1 + 0.5 * torch.sigmoid(z), atol=1e-5)
+    assert float(w[1, 2]) == pytest.approx(1.25)
+    assert not actfocus_advantage_scale(roles, energy, torch.zeros_like(mask)).any()
+
+
+def test_actfocus_settings_defaults_and_errors():
+    assert actfocus_settings({}) == {"alpha": 0.1, "beta": 0.5, "format_weight": 1.0}
+    assert actfocus_settings({"actfocus": {"beta": 1}})["beta"] == 1.0
+    with pytest.raises(ValueError, match="alpha"):
+        actfocus_settings({"actfocus": {"alpha": 2}})
+    with pytest.raises(ValueError, match="unknown"):
+        actfocus_settings({"actfocus": {"gamma": 2}})
+
+
+def _verl_batch(tok):
+    """Two Sokoban episodes as verl holds them: padded responses, masks, reference log-probs
+    and advantages."""
+    eps = [ours(tok, "sokoban", s, 0.5, max_turns=5) for s in (3, 4)]
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for ep in eps:
+        n = next(i for i, r in enumerate(ep.roles) if r != int(Role.OBSERVATION))  # the prompt
+        mask = [int(r != int(Role.OBSERVATION)) for r in ep.roles[n:]]
+        rows.append((ep.tokens[n:], mask, ep.roles[n:]))
+    R = max(len(r[0]) for r in rows)
+    responses = torch.zeros(2, R, dtype=torch.long)
+    mask = torch.zeros(2, R, dtype=torch.long)
+    roles = torch.zeros(2, R, dtype=torch.long)
+    for i, (resp, m, rl) in enumerate(rows):
+        responses[i, : len(resp)] = torch.tensor(resp)
+        mask[i, : len(m)] = torch.tensor(m)
+        roles[i, : len(rl)] = torch.tensor(rl)
+    ref_lp = -torch.rand(2, R, generator=gen) * 3 * mask
+    adv = torch.randn(2, 1, generator=gen).expand(2, R) * mask
+    return responses, mask, ref_lp, adv, roles, [len(r[0]) for r in rows]
+
+
+def test_scaled_advantages_give_the_papers_loss_through_a_token_mean():
+    """For w >= 0 the clipped loss of w*A is w times that of A: a token-mean loss of the
+    scaled advantages is the paper's sum(w l) / sum(w)."""
+    tok = build_tokenizer()
+    responses, mask, ref_lp, adv, roles, _ = _verl_batch(tok)
+    settings = {"alpha": 0.1, "beta": 0.5, "format_weight": 1.0}
+    scaled, metrics = scale_batch_advantages(tok, responses, mask, ref_lp, adv, settings)
+    w = actfocus_weights(roles, -ref_lp, mask.bool(), 0.1, 0.5)
+    gen = torch.Generator().manual_seed(1)
+    old = -torch.rand(mask.shape, generator=gen)
+    # ratios in (0.4, 2.5): some outside the clip range, none at verl's dual clip (3)
+    new = old + (0.4 * torch.randn(mask.shape, generator=gen)).clamp(-0.9, 0.9)
+    m = mask.bool()
+    theirs, _ = ppo_policy_loss(new, old, scaled, m, 0.2, clip_eps_high=0.28)
+    paper, _ = ppo_policy_loss(new, old, adv, m, 0.2, weights=w, clip_eps_high=0.28,
+                               normalize="weights")  # fmt: skip
+    assert float(theirs) == pytest.approx(float(paper), rel=1e-5)
+    assert metrics["actfocus/reasoning_weight"] < 1 < metrics["actfocus/action_weight"]
+    if HAS_VERL:  # verl's own clipped loss (dual clip included) agrees
+        from types import SimpleNamespace
+
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+        cfg = SimpleNamespace(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28,
+                              global_batch_info={}, get=lambda k, d=None: d)  # fmt: skip
+        verl_loss, _ = get_policy_loss_fn("vanilla")(
+            old_log_prob=old, log_prob=new, advantages=scaled, response_mask=m,
+            loss_agg_mode="token-mean", config=cfg, rollout_is_weights=None,
+        )  # fmt: skip
+        assert float(verl_loss) == pytest.approx(float(paper), rel=1e-5)
+
+
+HAS_TRAINER = HAS_VERL and importlib.util.find_spec("transfer_queue") is not None
+
+
+@pytest.mark.skipif(not HAS_TRAINER, reason="verl's v1 trainer is not installed (make verl)")
+def test_the_actfocus_trainer_scales_the_advantages_verl_stores(monkeypatch):
+    """``trainer.v1.trainer_mode=actfocus`` resolves to our trainer; after verl's advantages it
+    stores them times the ActFocus scale of the batch (TransferQueue replaced by a dict)."""
+    from omegaconf import OmegaConf
+    from tensordict import TensorDict
+    from transfer_queue import KVBatchMeta
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+
+    import tokenergy.integrations.verl as plug
+
+    assert get_trainer_cls("actfocus") is plug.ActFocusTrainer
+    tok = build_tokenizer()
+    responses, mask, ref_lp, adv, roles, lengths = _verl_batch(tok)
+
+    def nested(x):
+        return torch.nested.as_nested_tensor([x[i, :n] for i, n in enumerate(lengths)],
+                                             layout=torch.jagged)  # fmt: skip
+
+    store = {"responses": nested(responses), "response_mask": nested(mask),
+             "ref_log_prob": nested(ref_lp), "advantages": nested(adv)}  # fmt: skip
+
+    def kv_batch_get(keys, partition_id, select_fields=None):
+        got = {f: store[f] for f in select_fields if f in store}
+        return TensorDict(got, batch_size=[len(keys)])
+
+    def kv_batch_put(keys, partition_id, fields=None, tags=None, data_parser=None):
+        store.update(dict(fields.items()))
+        return meta(keys)
+
+    def meta(keys):
+        return KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train")
+
+    monkeypatch.setattr(plug.tq, "kv_batch_get", kv_batch_get)
+    monkeypatch.setattr(plug.tq, "kv_batch_put", kv_batch_put)
+    # verl's own advantage step is what the store already holds
+    monkeypatch.setattr(PPOTrainerSync, "_compute_advantage", lambda self, batch, metrics: batch)
+    trainer = object.__new__(plug.ActFocusTrainer)
+    trainer.tokenizer = tok
+    trainer.config = OmegaConf.create({"algorithm": {"actfocus": {"beta": 1.0}}})
+    metrics = {}
+    trainer._compute_advantage(meta(["u0_0_0", "u1_0_0"]), metrics)
+    want = adv * actfocus_advantage_scale(roles, -ref_lp, mask.bool(), 0.1, 1.0)
+    assert torch.allclose(store["advantages"].to_padded_tensor(0.0), want[:, : max(lengths)])
+    assert 0 < metrics["actfocus/action_share"] < 0.2
+    del store["ref_log_prob"]
+    with pytest.raises(ValueError, match="use_kl_loss"):
+        trainer._compute_advantage(meta(["u0_0_0", "u1_0_0"]), {})
+
+
+def _script_overrides(name: str) -> list[str]:
+    """The ``key=value`` lines of an example script (and of the script it calls)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parent.parent / "examples" / "verl" / name).read_text()
+    called = re.findall(r'bash "\$\(dirname "\$0"\)/(\S+)"', text)
+    base = _script_overrides(called[0]) if called else []
+    return base + re.findall(r"^\s+(\S+=\S+) \\$", text, re.M)
+
+
+@pytest.mark.skipif(not HAS_TRAINER, reason="verl's v1 trainer is not installed (make verl)")
+@pytest.mark.parametrize("script", ["sokoban_grpo.sh", "sokoban_actfocus_grpo.sh"])
+def test_the_example_configs_pass_verls_validation(script):
+    import os
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.trainer.ppo.v1 import get_trainer_cls
+    from verl.utils.config import validate_config
+
+    import tokenergy.integrations.verl as plug
+
+    config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        cfg = compose("ppo_trainer", overrides=_script_overrides(script))
+    validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg),
+                    use_critic=need_critic(cfg))  # fmt: skip
+    n = cfg.actor_rollout_ref.rollout.n
+    assert (cfg.data.train_batch_size * n, cfg.actor_rollout_ref.actor.ppo_mini_batch_size * n) == (
+        128,
+        32,
+    )  # the paper's 128 trajectories, minibatches of 32
+    assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_NAME
+    trainer = get_trainer_cls(cfg.trainer.v1.trainer_mode)
+    if script == "sokoban_actfocus_grpo.sh":
+        assert trainer is plug.ActFocusTrainer and need_reference_policy(cfg)
+        assert cfg.actor_rollout_ref.actor.kl_loss_coef == 0
+        assert actfocus_settings(cfg.algorithm) == {"alpha": 0.1, "beta": 0.5, "format_weight": 1.0}
+    else:
+        assert trainer is not plug.ActFocusTrainer and not need_reference_policy(cfg)

@@ -15,25 +15,49 @@ loop class is defined when verl is importable (``make verl`` builds ``.venv-verl
 verl 0.9.1 pins transformers below ours) and reaches Ray workers through the ``verl.plugins``
 entry point of this package.
 
-Not here yet: the paper's ActFocus as a verl policy loss. verl's policy loss sees per-token
-weights only as ``rollout_is_weights``, and its reference worker returns the sampled token's
-log-probability, not the logits' logsumexp that the paper's energy needs (docs/scaling.md).
+ActFocus (``../shared/papers/actfocus.md``) as a verl trainer: ``trainer.v1.trainer_mode=actfocus``
+selects :class:`ActFocusTrainer`, verl's synchronous trainer with one step added after the
+advantages: each response token's role is read from the ``<think>``/``<answer>`` spans of the
+response ids (:func:`response_roles`, any tokenizer), its energy from the reference worker's
+output, and the advantages are multiplied by the paper's weights rescaled to mean 1 over the
+batch's trained tokens (:func:`actfocus_advantage_scale`). For weights ``w >= 0`` the clipped
+loss of ``w * A`` is ``w`` times the clipped loss of ``A``, so verl's own policy loss with
+``token-mean`` then computes the paper's ``sum(w * l) / sum(w)`` (over the batch; the paper
+divides within each minibatch, which differs only when minibatches differ in their weights).
+The energy is the reference's surprisal of the sampled token, ``-log pi_ref(y_t)``: verl's
+reference worker returns that log-probability and not the logits' logsumexp of the paper's free
+energy, which would need an extension of verl's training engine (docs/scaling.md).
 """
 
 from __future__ import annotations
 
+import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
-from tokenergy.envs import make
+import torch
 
-__all__ = ["AGENT_NAME", "EpisodeTokens", "play_episode"]
+from tokenergy.energy import actfocus_weights
+from tokenergy.envs import make
+from tokenergy.types import Role
+
+__all__ = [
+    "AGENT_NAME",
+    "TRAINER_NAME",
+    "EpisodeTokens",
+    "actfocus_advantage_scale",
+    "play_episode",
+    "response_roles",
+    "turn_roles",
+]
 
 AGENT_NAME = "tokenergy_text_env"
+TRAINER_NAME = "actfocus"
 END_OF_TURN = "</answer>"
+TAG = re.compile(r"</?(?:think|answer)>")
 
 # generate(prompt_ids, sampling_params) -> (new token ids, their log-probs or None)
 Generate = Callable[[list[int], dict[str, Any]], Awaitable[tuple[list[int], list[float] | None]]]
@@ -112,6 +136,71 @@ async def play_episode(
     return ep
 
 
+def turn_roles(tokenizer, ids: Sequence[int]) -> list[int]:
+    """The :class:`~tokenergy.types.Role` of each token of one model turn, for any tokenizer.
+
+    The turn's text is the concatenation of its tokens' texts; a token that overlaps a tag
+    (``<think>``, ``</think>``, ``<answer>``, ``</answer>``, however many tokens it takes) or
+    is a special token is ``FORMAT``; a token after ``<answer>`` and before the next tag is
+    ``ACTION``; every other token is ``REASONING``. With one token per tag this is
+    :func:`tokenergy.rollout.tokens.assign_roles`."""
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    pieces = [tokenizer.decode([int(t)], skip_special_tokens=False) for t in ids]
+    text = "".join(pieces)
+    tags = [(m.start(), m.end(), m.group()) for m in TAG.finditer(text)]
+    roles, start, k, inside_answer = [], 0, 0, False
+    for t, piece in zip(ids, pieces, strict=True):
+        end = start + len(piece)
+        while k < len(tags) and tags[k][1] <= start:  # tags that closed before this token
+            inside_answer = tags[k][2] == "<answer>"
+            k += 1
+        on_tag = k < len(tags) and tags[k][0] < end and start < tags[k][1]
+        if on_tag or int(t) in special:
+            roles.append(int(Role.FORMAT))
+        else:
+            roles.append(int(Role.ACTION if inside_answer else Role.REASONING))
+        start = end
+    return roles
+
+
+def response_roles(
+    tokenizer, response_ids: Sequence[int], response_mask: Sequence[int]
+) -> list[int]:
+    """Roles of a verl response: each run of mask-1 tokens is a model turn
+    (:func:`turn_roles`), each run of mask-0 tokens an observation (``OBSERVATION``)."""
+    roles: list[int] = []
+    start = 0
+    for i in range(1, len(response_ids) + 1):
+        if i == len(response_ids) or bool(response_mask[i]) != bool(response_mask[start]):
+            run = response_ids[start:i]
+            if response_mask[start]:
+                roles += turn_roles(tokenizer, run)
+            else:
+                roles += [int(Role.OBSERVATION)] * len(run)
+            start = i
+    return roles
+
+
+def actfocus_advantage_scale(
+    roles: torch.Tensor,
+    energy: torch.Tensor,
+    mask: torch.Tensor,
+    alpha: float = 0.1,
+    beta: float = 0.5,
+    format_weight: float = 1.0,
+) -> torch.Tensor:
+    """The paper's ActFocus weights (:func:`tokenergy.energy.actfocus_weights`) rescaled to a
+    mean of 1 over the trained tokens of the batch: ``w * sum(mask) / sum(mask * w)``, 0 off
+    the mask (all 0 when every weight is). Multiplying the advantages by them turns a
+    token-mean clipped loss into the paper's weight-normalised one."""
+    mask = mask.bool()
+    w = actfocus_weights(roles, energy, mask, alpha, beta, format_weight)
+    total = (w * mask).sum()
+    if total <= 0:
+        return torch.zeros_like(w)
+    return w * mask * (mask.sum() / total)
+
+
 try:  # the agent loop exists where verl does (make verl)
     from verl.experimental.agent_loop.agent_loop import (
         AgentLoopBase,
@@ -159,3 +248,90 @@ if AgentLoopBase is not None:
                 metrics=AgentLoopMetrics(generate_sequences=time.perf_counter() - t0),
                 extra_fields={"success": ep.success, "truncated": ep.truncated},
             )
+
+
+try:  # verl's v1 trainer needs its TransferQueue (requirements-verl.txt)
+    import transfer_queue as tq
+    from tensordict import TensorDict
+    from verl.trainer.ppo.v1.trainer_base import register_trainer
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+    from verl.workers.utils.padding import response_to_nested
+except ImportError:
+    PPOTrainerSync = None
+
+
+def actfocus_settings(algorithm_config) -> dict[str, float]:
+    """``alpha``, ``beta`` and ``format_weight`` from ``algorithm.actfocus`` of a verl config
+    (``+algorithm.actfocus.alpha=0.1`` on verl's command line), the paper's values by default;
+    a value out of range is a ``ValueError`` naming it."""
+    given = dict((algorithm_config or {}).get("actfocus") or {})
+    unknown = set(given) - {"alpha", "beta", "format_weight"}
+    if unknown:
+        raise ValueError(f"algorithm.actfocus: unknown field(s) {sorted(unknown)}")
+    out = {"alpha": 0.1, "beta": 0.5, "format_weight": 1.0}
+    out.update({k: float(v) for k, v in given.items()})
+    if not 0.0 <= out["alpha"] <= 1.0:
+        raise ValueError(f"algorithm.actfocus.alpha must lie in [0, 1], got {out['alpha']}")
+    if out["beta"] < 0 or out["format_weight"] < 0:
+        raise ValueError("algorithm.actfocus.beta and format_weight must be >= 0")
+    return out
+
+
+def scale_batch_advantages(
+    tokenizer,
+    responses: torch.Tensor,
+    response_mask: torch.Tensor,
+    ref_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    settings: dict[str, float],
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """One verl batch (padded ``[B, R]`` tensors, right-padded with mask 0): the advantages
+    times :func:`actfocus_advantage_scale` with the roles of the response ids and the
+    reference's surprisal as the energy, and the weights' means by role (metrics)."""
+    mask = response_mask.bool()
+    roles = torch.full(responses.shape, int(Role.OBSERVATION), dtype=torch.long)
+    for i in range(responses.shape[0]):
+        n = int(mask[i].nonzero().max()) + 1 if mask[i].any() else 0
+        roles[i, :n] = torch.tensor(
+            response_roles(tokenizer, responses[i, :n].tolist(), mask[i, :n].tolist())
+        )
+    scale = actfocus_advantage_scale(roles, -ref_log_prob.float(), mask, **settings)
+    metrics = {}
+    for role in (Role.REASONING, Role.ACTION, Role.FORMAT):
+        on = mask & (roles == int(role))
+        name = role.name.lower()
+        metrics[f"actfocus/{name}_weight"] = float(scale[on].mean()) if on.any() else float("nan")
+        metrics[f"actfocus/{name}_share"] = float(on.sum() / mask.sum().clamp(min=1))
+    return advantages * scale.to(advantages.dtype), metrics
+
+
+if PPOTrainerSync is not None:
+
+    @register_trainer(TRAINER_NAME)
+    class ActFocusTrainer(PPOTrainerSync):
+        """verl's synchronous trainer whose advantages carry the paper's ActFocus weights
+        (module docstring). Needs the reference's log-probs: ``use_kl_loss=True`` with
+        ``kl_loss_coef=0`` computes them without a KL term, as the paper trains."""
+
+        def _compute_advantage(self, batch, metrics: dict):
+            batch = super()._compute_advantage(batch, metrics)
+            fields = ["responses", "response_mask", "ref_log_prob", "advantages"]
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
+                                   select_fields=fields)  # fmt: skip
+            if "ref_log_prob" not in set(data.keys()):
+                raise ValueError(
+                    "ActFocus reads the reference's log-probs: set "
+                    "actor_rollout_ref.actor.use_kl_loss=True and kl_loss_coef=0"
+                )
+            nested_mask = data["response_mask"]
+            padded = {k: data[k].to_padded_tensor(padding=0) for k in fields}
+            advantages, af_metrics = scale_batch_advantages(
+                self.tokenizer, padded["responses"], padded["response_mask"],
+                padded["ref_log_prob"], padded["advantages"],
+                actfocus_settings(self.config.algorithm),
+            )  # fmt: skip
+            metrics.update(af_metrics)
+            out = TensorDict(
+                {"advantages": response_to_nested(advantages, nested_mask)}, batch_size=len(batch)
+            )
+            return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=out)
