@@ -3,6 +3,7 @@ report and per-token pictures, and --resume keeping finished runs."""
 
 import pytest
 import yaml
+from rich.console import Console
 
 from test_lm import tiny_cfg
 from tokenergy.config import apply_overrides
@@ -92,7 +93,11 @@ def test_small_ablation_report_and_resume(tmp_path):
     assert ('class="action"' in tokens) == wrote_answer
     metrics = (out / "frozenlake" / "ppo" / "seed_0" / "metrics.jsonl").read_text()
 
-    assert run_ablation(base, 1, out, resume=True) == []  # everything finished: nothing reruns
+    console = Console(record=True, width=200)
+    # everything finished: nothing reruns, and the run says so
+    assert run_ablation(base, 1, out, resume=True, console=console) == []
+    n = len(list(out.glob("*/*/seed_0/agent")))
+    assert f"resume: {n} of {n} runs finished, 0 to train" in console.export_text()
     assert (out / "frozenlake" / "ppo" / "seed_0" / "metrics.jsonl").read_text() == metrics
     # A run saved before a config field existed still counts as finished (the field takes its
     # default), and a variant added to the ablation runs alone.

@@ -291,7 +291,11 @@ def run_ablation(
         phases = select_runs(phases, only)
     if resume and Path(out).is_dir():
         root = Path(out)
+        planned = sum(len(specs) for specs in phases)
         phases = [[s for s in specs if not _finished(s)] for specs in phases]
+        left = sum(len(specs) for specs in phases)
+        if console is not None:
+            console.print(f"resume: {planned - left} of {planned} runs finished, {left} to train")
     else:
         root = prepare_run_dir(out, overwrite)
     meta = {"seeds": seeds, "variants": list(base.ablation.variants)}
