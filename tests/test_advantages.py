@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tokenergy.advantages import gae, group_relative, masked_mean, whiten
+from tokenergy.advantages import gae, group_relative, masked_mean, shuffled_returns, whiten
 
 
 def gae_loop(rewards, values, next_values, terminated, ends, gamma, lam):
@@ -182,3 +182,18 @@ def test_high_variance_groups_keeps_the_groups_whose_returns_vary_most():
     assert high_variance_groups(returns, groups, 1.0).all()
     # at least one group, however small the share
     assert high_variance_groups(returns, groups, 0.01).sum() == 2
+
+
+def test_shuffled_returns_move_each_return_to_another_episodes_last_token():
+    rewards = torch.tensor([[0.0, -0.1, 1.0, 0.0], [0.0, 2.0, 0.0, 0.0], [0.0, 0.0, 0.0, 3.0]])
+    mask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 0], [0, 1, 1, 1]]).bool()
+    gen = torch.Generator().manual_seed(0)
+    perm = torch.randperm(3, generator=torch.Generator().manual_seed(0))
+    out = shuffled_returns(rewards, mask, gen)
+    want = torch.zeros_like(rewards)
+    for i, last in enumerate([3, 2, 3]):
+        want[i, last] = rewards.sum(1)[perm[i]]
+    assert torch.equal(out, want)
+    # the returns keep their values, only their owners change
+    assert sorted(out.sum(1).tolist()) == pytest.approx(sorted(rewards.sum(1).tolist()))
+    assert not (out * ~mask).any()

@@ -590,3 +590,25 @@ def test_right_padded_batches_run_causal_attention_alone(tok):
         causal = agent(tokens, right).logits
     real = right.bool()
     torch.testing.assert_close(causal[real], masked[real], atol=1e-5, rtol=1e-5)
+
+
+def test_the_null_control_trains_on_shuffled_returns(monkeypatch):
+    """``algo.null_returns``: the rewards the credit stage reads are the batch's returns,
+    permuted among its episodes; off, the trainer never shuffles."""
+    import tokenergy.algos.lm as lm
+
+    seen = []
+    real = lm.shuffled_returns
+
+    def spy(rewards, mask, gen):
+        out = real(rewards, mask, gen)
+        seen.append((rewards.sum(1), out.sum(1)))
+        return out
+
+    monkeypatch.setattr(lm, "shuffled_returns", spy)
+    train_lm(tiny_cfg(**{"algo.iterations": 2}))
+    assert seen == []
+    train_lm(tiny_cfg(**{"algo.iterations": 2, "algo.null_returns": True}))
+    assert len(seen) == 2
+    for before, after in seen:
+        assert sorted(after.tolist()) == pytest.approx(sorted(before.tolist()))

@@ -152,6 +152,31 @@ def high_variance_groups(returns: torch.Tensor, groups: torch.Tensor, keep: floa
     return kept[inverse]
 
 
+def shuffled_returns(
+    rewards: torch.Tensor, mask: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """The null control's rewards: each episode's return (its row of ``rewards`` summed) goes to
+    the last trained token of another episode (a random permutation of the batch); every other
+    reward is 0. The returns keep their distribution and lose their link to what was done.
+
+    Args:
+        rewards: ``[B, T]`` per-token rewards.
+        mask: ``[B, T]`` bool, the trained tokens (an episode without one gets nothing).
+        generator: draws the permutation.
+
+    Returns:
+        ``[B, T]`` rewards.
+    """
+    returns = rewards.sum(1)
+    perm = torch.randperm(len(returns), generator=generator)
+    m = mask.long()
+    last = (m.cumsum(1) == m.sum(1, keepdim=True)) & mask.bool()
+    rows, cols = last.nonzero(as_tuple=True)
+    out = torch.zeros_like(rewards)
+    out[rows, cols] = returns[perm][rows]
+    return out
+
+
 def token_gae(
     rewards: torch.Tensor,
     values: torch.Tensor,

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from tokenergy.advantages import ALGORITHMS, high_variance_groups
+from tokenergy.advantages import ALGORITHMS, high_variance_groups, shuffled_returns
 from tokenergy.config import LMRunConfig
 from tokenergy.distributed import Parallel
 from tokenergy.energy import energy_prior_kl
@@ -760,6 +760,8 @@ def assign_credit(t: LMTrainer, batch: Batch, sc: Scored, iteration: int) -> Cre
     mask = traj.mask
     kl_tok = kl_estimate(sc.logprobs, sc.ref_logprobs, a.kl_kind) * mask  # (B, T)
     rewards = traj.rewards.clone()
+    if a.null_returns:  # the null control: returns shuffled across the batch
+        rewards = shuffled_returns(rewards, mask, t.gen)
     envelope_row: dict[str, float] = {}
     ends = turn_ends(mask)  # where each turn's reward sits
     if a.reward_whiten:

@@ -261,6 +261,11 @@ class AlgoConfig:
         "then divide by std",
     )
     reward_clip: float = _f(3.0, "envelope: reward_whiten's clip, in batch standard deviations")
+    null_returns: bool = _f(
+        False,
+        "control: each episode trains on the return of another of its batch (shuffled), so the "
+        "advantages say nothing about what it did; a run learning from its reward beats this",
+    )
     ratio_cap: float | None = _f(
         5.0,
         "envelope: skip a minibatch step whose mean probability ratio exceeds this; null off",
