@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from tokenergy.advantages import ALGORITHMS, high_variance_groups, shuffled_returns
+from tokenergy.algos.minibatches import RATIO_CAPPED, SKIPPED, minibatch_epochs
 from tokenergy.config import LMRunConfig
 from tokenergy.distributed import Parallel
 from tokenergy.energy import energy_prior_kl
@@ -827,37 +828,30 @@ def update(t: LMTrainer, traj: Trajectories, sc: Scored, cr: Credit, iteration: 
     coefs = {"clip_eps": clip_eps, "ent_coef": ent_coef, "sft_coef": sft_coef}
     t.agent.train()
     snapshot = Snapshot(t.agent, t.opt)  # the last good state, for a rollback
-    sums: dict[str, float] = {}
-    n_updates = 0
-    mb_size = max(1, traj.batch_size // a.minibatches)
-    for _epoch in range(a.epochs):
-        perm = torch.randperm(traj.batch_size, generator=t.gen)
-        for start in range(0, traj.batch_size, mb_size):
-            idx = perm[start : start + mb_size]
-            step = minibatch_loss(t, traj, sc, cr, idx, critic_only, coefs)
-            if step is None:  # over the ratio cap
-                t.ratio_skips += 1
-                continue
-            loss, metrics, mb_mask = step
-            grad_norm = guarded_step(
-                loss, t.agent, t.opt, t.params, a.max_grad_norm, snapshot, par=t.par,
-                share=t.par.token_share(mb_mask), clip_apart=t.clip_apart,
-            )  # fmt: skip
-            if grad_norm is None:
-                t.skipped_steps += 1
-                continue
-            metrics["grad_norm"] = grad_norm
-            for k, val in metrics.items():
-                sums[k] = sums.get(k, 0.0) + float(val)
-            n_updates += 1
+
+    def step(idx: torch.Tensor) -> dict | str:
+        out = minibatch_loss(t, traj, sc, cr, idx, critic_only, coefs)
+        if out is None:  # over the ratio cap
+            return RATIO_CAPPED
+        loss, metrics, mb_mask = out
+        grad_norm = guarded_step(
+            loss, t.agent, t.opt, t.params, a.max_grad_norm, snapshot, par=t.par,
+            share=t.par.token_share(mb_mask), clip_apart=t.clip_apart,
+        )  # fmt: skip
+        if grad_norm is None:
+            return SKIPPED
+        return {**metrics, "grad_norm": grad_norm}
+
+    stats = minibatch_epochs(traj.batch_size, a.epochs, a.minibatches, t.gen, step)
+    t.ratio_skips += stats.ratio_capped
+    t.skipped_steps += stats.skipped
     if t.target_head is not None:  # soft update toward the value head just trained
         with torch.no_grad():
             for tp, p in zip(
                 t.target_head.parameters(), t.agent.value_head.parameters(), strict=True
             ):
                 tp.lerp_(p, a.value_target_tau)
-    means = defaultdict(lambda: float("nan"), {k: v / max(n_updates, 1) for k, v in sums.items()})
-    return UpdateStats(means, n_updates, critic_only, clip_eps, ent_coef, sft_coef)
+    return UpdateStats(stats.means(), stats.updates, critic_only, clip_eps, ent_coef, sft_coef)
 
 
 def minibatch_loss(

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from tokenergy.advantages import token_gae
+from tokenergy.algos.minibatches import RATIO_CAPPED, SKIPPED, minibatch_epochs
 from tokenergy.config import PipelineRunConfig
 from tokenergy.envs.corpora import (
     Doc,
@@ -459,43 +460,35 @@ def _ppo_update(agent, opt, params, batch, cfg: PipelineRunConfig, gen, device):
     p, env = cfg.ppo, cfg.envelope
     ids, attn, mask, old_logprobs, values, adv_w, returns = batch
     snapshot = Snapshot(agent, opt)
-    sums: dict[str, float] = {}
-    n_updates = ratio_skips = rollbacks = 0
-    mb = len(ids) // p.minibatches
     agent.train()
-    for _epoch in range(p.epochs):
-        perm = torch.randperm(len(ids), generator=gen)
-        for start in range(0, len(ids), mb):
-            idx = perm[start : start + mb].to(device)
-            m = mask[idx]
-            with autocast(device, env.precision):
-                new_logits, new_values = _forward(agent, ids[idx], attn[idx])
-            new_logprobs = token_logprobs(new_logits, ids[idx])
-            if env.ratio_cap is not None:
-                with torch.no_grad():
-                    ratio_mean = masked_mean((new_logprobs - old_logprobs[idx]).exp(), m)
-                if not bool(ratio_mean <= env.ratio_cap):
-                    ratio_skips += 1
-                    continue
-            pg_loss, pg_m = ppo_policy_loss(
-                new_logprobs, old_logprobs[idx], adv_w[idx], m, p.clip_eps
-            )
-            v_loss, v_m = value_loss(new_values.float(), values[idx], returns[idx], m, p.value_clip)
-            loss = pg_loss + p.vf_coef * v_loss
-            if env.rollback:
-                grad_norm = guarded_step(loss, agent, opt, params, p.max_grad_norm, snapshot)
-                if grad_norm is None:
-                    rollbacks += 1
-                    continue
-            else:
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, p.max_grad_norm)
-                opt.step()
-            for k, val in {**pg_m, **v_m, "grad_norm": grad_norm}.items():
-                sums[k] = sums.get(k, 0.0) + float(val)
-            n_updates += 1
-    return sums, n_updates, ratio_skips, rollbacks
+
+    def step(idx: torch.Tensor) -> dict | str:
+        idx = idx.to(device)
+        m = mask[idx]
+        with autocast(device, env.precision):
+            new_logits, new_values = _forward(agent, ids[idx], attn[idx])
+        new_logprobs = token_logprobs(new_logits, ids[idx])
+        if env.ratio_cap is not None:
+            with torch.no_grad():
+                ratio_mean = masked_mean((new_logprobs - old_logprobs[idx]).exp(), m)
+            if not bool(ratio_mean <= env.ratio_cap):
+                return RATIO_CAPPED
+        pg_loss, pg_m = ppo_policy_loss(new_logprobs, old_logprobs[idx], adv_w[idx], m, p.clip_eps)
+        v_loss, v_m = value_loss(new_values.float(), values[idx], returns[idx], m, p.value_clip)
+        loss = pg_loss + p.vf_coef * v_loss
+        if env.rollback:
+            grad_norm = guarded_step(loss, agent, opt, params, p.max_grad_norm, snapshot)
+            if grad_norm is None:
+                return SKIPPED
+        else:
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(params, p.max_grad_norm)
+            opt.step()
+        return {**pg_m, **v_m, "grad_norm": grad_norm}
+
+    stats = minibatch_epochs(len(ids), p.epochs, p.minibatches, gen, step)
+    return stats.sums, stats.updates, stats.ratio_capped, stats.skipped
 
 
 # --------------------------------------------------------------------------- the run

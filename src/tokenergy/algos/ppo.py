@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from tokenergy.advantages import gae, whiten
+from tokenergy.algos.minibatches import SKIPPED, minibatch_epochs
 from tokenergy.config import RunConfig
 from tokenergy.energy import ENERGY_SOURCES, WEIGHTINGS, EnergyInputs, shuffled_weights
 from tokenergy.envs import BatchedEnv
@@ -316,44 +317,39 @@ def update_policy(t: VectorTrainer, s: Steps, cr: StepCredit) -> tuple[defaultdi
         "weights": weights.reshape(-1),
     }
     flat = {k: v.to(device) for k, v in flat.items()}
-    sums: dict[str, float] = {}
-    n_updates = 0
     snapshot = Snapshot(t.model, t.optimizer)  # the last good state, for a rollback
     params = list(t.model.parameters())
-    for _epoch in range(cfg.ppo.epochs):
-        perm = torch.randperm(n, generator=t.gen).to(device)
-        for start in range(0, n, n // cfg.ppo.minibatches):
-            idx = perm[start : start + n // cfg.ppo.minibatches]
-            logits, new_values = t.model(flat["obs"][idx])
-            logp_all = torch.log_softmax(logits, dim=-1)
-            new_logprobs = logp_all.gather(-1, flat["actions"][idx, None]).squeeze(-1)
-            mb_mask = torch.ones_like(new_logprobs, dtype=torch.bool)
-            pg_loss, pg_m = ppo_policy_loss(
-                new_logprobs, flat["logprobs"][idx], flat["advantages"][idx], mb_mask,
-                cfg.ppo.clip_eps,
-                weights=flat["weights"][idx] if cr.loss_weights is not None else None,
-                clip_eps_high=cfg.ppo.clip_eps_high,
-            )  # fmt: skip
-            v_loss, v_m = value_loss(new_values, flat["values"][idx], flat["returns"][idx],
-                                     mb_mask, cfg.ppo.value_clip)  # fmt: skip
-            ent = -(logp_all.exp() * logp_all).sum(-1).mean()
-            loss = pg_loss + cfg.ppo.vf_coef * v_loss - cfg.ppo.ent_coef * ent
-            grad_norm = guarded_step(
-                loss, t.model, t.optimizer, params, cfg.ppo.max_grad_norm, snapshot
-            )
-            if grad_norm is None:
-                t.skipped_steps += 1
-                continue
-            for k, v in {**pg_m, **v_m, "entropy": ent.detach(), "grad_norm": grad_norm}.items():
-                sums[k] = sums.get(k, 0.0) + float(v)
-            n_updates += 1
-            if cfg.ppo.target_kl is not None and float(pg_m["approx_kl"]) > cfg.ppo.target_kl:
-                return _means(sums, n_updates), n_updates  # early stop
-    return _means(sums, n_updates), n_updates
 
+    def step(idx: torch.Tensor) -> dict | str:
+        idx = idx.to(device)
+        logits, new_values = t.model(flat["obs"][idx])
+        logp_all = torch.log_softmax(logits, dim=-1)
+        new_logprobs = logp_all.gather(-1, flat["actions"][idx, None]).squeeze(-1)
+        mb_mask = torch.ones_like(new_logprobs, dtype=torch.bool)
+        pg_loss, pg_m = ppo_policy_loss(
+            new_logprobs, flat["logprobs"][idx], flat["advantages"][idx], mb_mask,
+            cfg.ppo.clip_eps,
+            weights=flat["weights"][idx] if cr.loss_weights is not None else None,
+            clip_eps_high=cfg.ppo.clip_eps_high,
+        )  # fmt: skip
+        v_loss, v_m = value_loss(new_values, flat["values"][idx], flat["returns"][idx],
+                                 mb_mask, cfg.ppo.value_clip)  # fmt: skip
+        ent = -(logp_all.exp() * logp_all).sum(-1).mean()
+        loss = pg_loss + cfg.ppo.vf_coef * v_loss - cfg.ppo.ent_coef * ent
+        grad_norm = guarded_step(
+            loss, t.model, t.optimizer, params, cfg.ppo.max_grad_norm, snapshot
+        )
+        if grad_norm is None:
+            return SKIPPED
+        return {**pg_m, **v_m, "entropy": ent.detach(), "grad_norm": grad_norm}
 
-def _means(sums: dict[str, float], n: int) -> defaultdict:
-    return defaultdict(lambda: float("nan"), {k: v / n for k, v in sums.items()})
+    target_kl = cfg.ppo.target_kl
+    stats = minibatch_epochs(
+        n, cfg.ppo.epochs, cfg.ppo.minibatches, t.gen, step,
+        stop=None if target_kl is None else lambda m: float(m["approx_kl"]) > target_kl,
+    )  # fmt: skip
+    t.skipped_steps += stats.skipped
+    return stats.means(), stats.updates
 
 
 def step_metrics(
