@@ -26,6 +26,7 @@ from tokenergy.rollout.episodes import noisy_solver
 from tokenergy.types import Role
 
 HAS_VERL = importlib.util.find_spec("verl") is not None
+HAS_TRAINER = HAS_VERL and importlib.util.find_spec("transfer_queue") is not None
 
 
 def replaying(tok, texts, calls=None):
@@ -151,6 +152,34 @@ def test_a_fresh_process_that_imports_verl_has_the_loop():
     assert out.stdout.strip() == "True", out.stderr[-2000:]
 
 
+@pytest.mark.skipif(not HAS_VERL, reason="verl is not installed (make verl)")
+def test_a_ray_worker_that_imports_verl_has_the_loop_and_the_trainer():
+    """verl builds its trainer (TaskRunner) and agent loops inside Ray actors: there the
+    plug-in must be registered by ``import verl`` alone."""
+    import ray
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+
+        @ray.remote
+        def registered() -> tuple[bool, str]:
+            import verl  # noqa: F401  (loads the verl.plugins entry points)
+            from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+            names = ""
+            if importlib.util.find_spec("transfer_queue") is not None:
+                from verl.trainer.ppo.v1 import get_trainer_cls
+
+                names = get_trainer_cls("actfocus").__name__
+            return AGENT_NAME in _agent_loop_registry, names
+
+        loop, trainer = ray.get(registered.remote(), timeout=900)  # a cold import of verl is slow
+    finally:
+        ray.shutdown()
+    assert loop
+    assert trainer == ("ActFocusTrainer" if HAS_TRAINER else "")
+
+
 class CharTokenizer:
     """One token per character (id = code point), 7 the end-of-sequence: tags take many tokens."""
 
@@ -194,6 +223,8 @@ def test_the_advantage_scale_is_the_papers_weights_with_mean_one():
     assert torch.allclose(w[0, 3:5], 1 + 0.5 * torch.sigmoid(z), atol=1e-5)
     assert float(w[1, 2]) == pytest.approx(1.25)
     assert not actfocus_advantage_scale(roles, energy, torch.zeros_like(mask)).any()
+    # alpha 1, beta 0 is uniform: the advantages stay as they are, whatever verl's aggregation
+    assert torch.equal(actfocus_advantage_scale(roles, energy, mask, 1.0, 0.0), mask.float())
 
 
 def test_actfocus_settings_defaults_and_errors():
@@ -258,9 +289,6 @@ def test_scaled_advantages_give_the_papers_loss_through_a_token_mean():
             loss_agg_mode="token-mean", config=cfg, rollout_is_weights=None,
         )  # fmt: skip
         assert float(verl_loss) == pytest.approx(float(paper), rel=1e-5)
-
-
-HAS_TRAINER = HAS_VERL and importlib.util.find_spec("transfer_queue") is not None
 
 
 @pytest.mark.skipif(not HAS_TRAINER, reason="verl's v1 trainer is not installed (make verl)")
