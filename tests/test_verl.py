@@ -384,3 +384,58 @@ def test_the_example_configs_pass_verls_validation(script):
         assert actfocus_settings(cfg.algorithm) == {"alpha": 0.1, "beta": 0.5, "format_weight": 1.0}
     else:
         assert trainer is not plug.ActFocusTrainer and not need_reference_policy(cfg)
+
+
+@pytest.mark.skipif(not HAS_VERL, reason="verl is not installed (make verl)")
+def test_verls_actor_loss_on_its_tensordict_is_the_papers_loss_in_value_and_gradient():
+    """The scaled advantages through ``verl.workers.utils.losses.ppo_loss`` as verl's actor
+    calls it (nested no-padding tensors, the log-probs of whole sequences shifted by one):
+    the paper's ``sum(w l) / sum(w)``, and the same gradient with respect to the log-probs."""
+    from types import SimpleNamespace
+
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.losses import ppo_loss
+
+    tok = build_tokenizer()
+    responses, mask, ref_lp, adv, roles, lengths = _verl_batch(tok)
+    settings = {"alpha": 0.1, "beta": 0.5, "format_weight": 1.0}
+    scaled, _ = scale_batch_advantages(tok, responses, mask, ref_lp, adv, settings)
+    w = actfocus_weights(roles, -ref_lp, mask.bool(), 0.1, 0.5)
+    gen = torch.Generator().manual_seed(2)
+    old = -torch.rand(mask.shape, generator=gen)
+    new = (old + (0.4 * torch.randn(mask.shape, generator=gen)).clamp(-0.9, 0.9)).requires_grad_()
+    prompt_len = [5, 3]
+
+    def nested(rows):
+        return torch.nested.as_nested_tensor(rows, layout=torch.jagged)
+
+    # the model's output over prompt + response: position t holds the log-prob of token t + 1
+    seq_lp = [
+        torch.cat([torch.zeros(p - 1), new[i, :n], torch.zeros(1)])
+        for i, (p, n) in enumerate(zip(prompt_len, lengths, strict=True))
+    ]
+    data = TensorDict(
+        {
+            "prompts": nested([torch.ones(p, dtype=torch.long) for p in prompt_len]),
+            "responses": nested([responses[i, :n] for i, n in enumerate(lengths)]),
+            "response_mask": nested([mask[i, :n] for i, n in enumerate(lengths)]),
+            "old_log_probs": nested([old[i, :n] for i, n in enumerate(lengths)]),
+            "advantages": nested([scaled[i, :n] for i, n in enumerate(lengths)]),
+        },
+        batch_size=[2],
+    )
+    tu.assign_non_tensor(data, dp_size=1, batch_num_tokens=None, global_batch_size=None)
+    cfg = SimpleNamespace(
+        global_batch_info={}, loss_scale_factor=None, loss_agg_mode="token-mean",
+        policy_loss={"loss_mode": "vanilla"}, entropy_coeff=0.0, use_kl_loss=False,
+        clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, get=lambda k, d=None: d,
+    )  # fmt: skip
+    theirs, _ = ppo_loss(cfg, {"log_probs": nested(seq_lp)}, data)
+    (grad_theirs,) = torch.autograd.grad(theirs, new)
+    m = mask.bool()
+    paper, _ = ppo_policy_loss(new, old, adv, m, 0.2, weights=w, clip_eps_high=0.28,
+                               normalize="weights")  # fmt: skip
+    (grad_paper,) = torch.autograd.grad(paper, new)
+    assert float(theirs) == pytest.approx(float(paper), rel=1e-5)
+    assert torch.allclose(grad_theirs, grad_paper, atol=1e-7)
