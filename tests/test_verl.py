@@ -342,33 +342,51 @@ def test_the_actfocus_trainer_scales_the_advantages_verl_stores(monkeypatch):
         trainer._compute_advantage(meta(["u0_0_0", "u1_0_0"]), {})
 
 
-def _script_overrides(name: str) -> list[str]:
-    """The ``key=value`` lines of an example script (and of the script it calls)."""
+def _script_overrides(name: str, *args: str) -> list[str]:
+    """The ``key=value`` lines of an example script, after those of the script it calls
+    (``${ALGO}`` in its name is the script's first argument)."""
     import re
     from pathlib import Path
 
     text = (Path(__file__).parent.parent / "examples" / "verl" / name).read_text()
     called = re.findall(r'bash "\$\(dirname "\$0"\)/(\S+)"', text)
+    if called and args:
+        called = [called[0].replace("${ALGO}", args[0])]
     base = _script_overrides(called[0]) if called else []
     return base + re.findall(r"^\s+(\S+=\S+) \\$", text, re.M)
 
 
 @pytest.mark.skipif(not HAS_TRAINER, reason="verl's v1 trainer is not installed (make verl)")
-@pytest.mark.parametrize("script", ["sokoban_grpo.sh", "sokoban_actfocus_grpo.sh"])
-def test_the_example_configs_pass_verls_validation(script):
+@pytest.mark.parametrize(
+    ("script", "args"),
+    [("sokoban_grpo.sh", ()), ("sokoban_ppo.sh", ()),
+     ("sokoban_actfocus.sh", ("grpo",)), ("sokoban_actfocus.sh", ("ppo",))],
+)  # fmt: skip
+def test_the_example_configs_pass_verls_validation(script, args, tmp_path):
     import os
 
     import verl
     from hydra import compose, initialize_config_dir
+    from transformers import LlamaConfig, LlamaForCausalLM
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.trainer.ppo.v1 import get_trainer_cls
     from verl.utils.config import validate_config
 
     import tokenergy.integrations.verl as plug
 
+    overrides = _script_overrides(script, *args)
+    # verl reads the critic's model config when it checks it: a local stand-in for Qwen
+    tok = build_tokenizer()
+    tiny = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                       num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)  # fmt: skip
+    LlamaForCausalLM(tiny).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    qwen = "Qwen/Qwen2.5-0.5B-Instruct"
+    assert f"actor_rollout_ref.model.path={qwen}" in overrides
+    overrides = [o.replace(qwen, str(tmp_path)) for o in overrides]
     config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
-        cfg = compose("ppo_trainer", overrides=_script_overrides(script))
+        cfg = compose("ppo_trainer", overrides=overrides)
     validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg),
                     use_critic=need_critic(cfg))  # fmt: skip
     n = cfg.actor_rollout_ref.rollout.n
@@ -377,8 +395,12 @@ def test_the_example_configs_pass_verls_validation(script):
         32,
     )  # the paper's 128 trajectories, minibatches of 32
     assert cfg.actor_rollout_ref.rollout.agent.default_agent_loop == AGENT_NAME
+    ppo = script == "sokoban_ppo.sh" or args == ("ppo",)
+    assert need_critic(cfg) == ppo and cfg.algorithm.adv_estimator == ("gae" if ppo else "grpo")
+    if ppo:
+        assert (cfg.algorithm.gamma, cfg.algorithm.lam, cfg.critic.optim.lr) == (1.0, 1.0, 1e-5)
     trainer = get_trainer_cls(cfg.trainer.v1.trainer_mode)
-    if script == "sokoban_actfocus_grpo.sh":
+    if script == "sokoban_actfocus.sh":
         assert trainer is plug.ActFocusTrainer and need_reference_policy(cfg)
         assert cfg.actor_rollout_ref.actor.kl_loss_coef == 0
         assert actfocus_settings(cfg.algorithm) == {"alpha": 0.1, "beta": 0.5, "format_weight": 1.0}

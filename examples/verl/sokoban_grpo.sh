@@ -4,7 +4,7 @@
 # them (8 env seeds x 16 rollouts = 128 trajectories, minibatches of 32 trajectories, clip
 # 0.2 / 0.28, no KL loss, 200 steps, token-mean loss). For a GPU machine: not run on CPU (its
 # configuration is checked by verl's own validation in tests/test_verl.py). ActFocus:
-# examples/verl/sokoban_actfocus_grpo.sh.
+# `bash examples/verl/sokoban_actfocus.sh grpo`; PPO: examples/verl/sokoban_ppo.sh.
 #
 #   make verl && .venv-verl/bin/pip install vllm        # the rollout server, on the GPU machine
 #   .venv-verl/bin/python examples/verl/make_data.py --out data/sokoban
