@@ -22,8 +22,9 @@ response ids (:func:`response_roles`, any tokenizer), its energy from the refere
 output, and the advantages are multiplied by the paper's weights rescaled to mean 1 over the
 batch's trained tokens (:func:`actfocus_advantage_scale`). For weights ``w >= 0`` the clipped
 loss of ``w * A`` is ``w`` times the clipped loss of ``A``, so verl's own policy loss with
-``token-mean`` then computes the paper's ``sum(w * l) / sum(w)`` (over the batch; the paper
-divides within each minibatch, which differs only when minibatches differ in their weights).
+``token-mean`` then computes the paper's ``sum(w * l) / sum(w)``, with the sums over the whole
+batch of the iteration (our own trainer divides within each minibatch; the two differ only
+when minibatches differ in their mean weight).
 The energy is the reference's surprisal of the sampled token, ``-log pi_ref(y_t)``: verl's
 reference worker returns that log-probability and not the logits' logsumexp of the paper's free
 energy, which would need an extension of verl's training engine (docs/scaling.md).
@@ -49,8 +50,10 @@ __all__ = [
     "TRAINER_NAME",
     "EpisodeTokens",
     "actfocus_advantage_scale",
+    "actfocus_settings",
     "play_episode",
     "response_roles",
+    "scale_batch_advantages",
     "turn_roles",
 ]
 
