@@ -259,18 +259,25 @@ def _verl_batch(tok):
     return responses, mask, ref_lp, adv, roles, [len(r[0]) for r in rows]
 
 
-def test_scaled_advantages_give_the_papers_loss_through_a_token_mean():
-    """For w >= 0 the clipped loss of w*A is w times that of A: a token-mean loss of the
-    scaled advantages is the paper's sum(w l) / sum(w)."""
+def _paper_case(seed: int):
+    """The batch of :func:`_verl_batch`, its scaled advantages (the paper's alpha and beta), the
+    paper's weights, and old / new log-probs whose ratios lie in (0.4, 2.5): some outside the
+    clip range, none at verl's dual clip (3)."""
     tok = build_tokenizer()
-    responses, mask, ref_lp, adv, roles, _ = _verl_batch(tok)
+    responses, mask, ref_lp, adv, roles, lengths = _verl_batch(tok)
     settings = {"alpha": 0.1, "beta": 0.5, "format_weight": 1.0}
     scaled, metrics = scale_batch_advantages(tok, responses, mask, ref_lp, adv, settings)
     w = actfocus_weights(roles, -ref_lp, mask.bool(), 0.1, 0.5)
-    gen = torch.Generator().manual_seed(1)
+    gen = torch.Generator().manual_seed(seed)
     old = -torch.rand(mask.shape, generator=gen)
-    # ratios in (0.4, 2.5): some outside the clip range, none at verl's dual clip (3)
     new = old + (0.4 * torch.randn(mask.shape, generator=gen)).clamp(-0.9, 0.9)
+    return responses, mask, adv, lengths, scaled, metrics, w, old, new
+
+
+def test_scaled_advantages_give_the_papers_loss_through_a_token_mean():
+    """For w >= 0 the clipped loss of w*A is w times that of A: a token-mean loss of the
+    scaled advantages is the paper's sum(w l) / sum(w)."""
+    _, mask, adv, _, scaled, metrics, w, old, new = _paper_case(seed=1)
     m = mask.bool()
     theirs, _ = ppo_policy_loss(new, old, scaled, m, 0.2, clip_eps_high=0.28)
     paper, _ = ppo_policy_loss(new, old, adv, m, 0.2, weights=w, clip_eps_high=0.28,
@@ -419,14 +426,8 @@ def test_verls_actor_loss_on_its_tensordict_is_the_papers_loss_in_value_and_grad
     from verl.utils import tensordict_utils as tu
     from verl.workers.utils.losses import ppo_loss
 
-    tok = build_tokenizer()
-    responses, mask, ref_lp, adv, roles, lengths = _verl_batch(tok)
-    settings = {"alpha": 0.1, "beta": 0.5, "format_weight": 1.0}
-    scaled, _ = scale_batch_advantages(tok, responses, mask, ref_lp, adv, settings)
-    w = actfocus_weights(roles, -ref_lp, mask.bool(), 0.1, 0.5)
-    gen = torch.Generator().manual_seed(2)
-    old = -torch.rand(mask.shape, generator=gen)
-    new = (old + (0.4 * torch.randn(mask.shape, generator=gen)).clamp(-0.9, 0.9)).requires_grad_()
+    responses, mask, adv, lengths, scaled, _, w, old, new = _paper_case(seed=2)
+    new = new.requires_grad_()
     prompt_len = [5, 3]
 
     def nested(rows):
