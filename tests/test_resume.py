@@ -117,6 +117,7 @@ KIT = {  # the robustness kit's state: the replay buffer, the curriculum level, 
     "env.curriculum_window": 3,
     "algo.clip_eps_final": 0.1,
     "algo.ent_coef_final": 0.0,
+    "algo.lr_final": 1e-5,
     "eval.keep_best": True,
     "model.train_top_blocks": 1,
 }

@@ -105,12 +105,14 @@ def test_rl_with_top_block_only_leaves_lower_blocks_untouched(sft_agent):
 
 def test_schedules_replay_and_best_checkpoint_in_a_run(tmp_path, sft_agent):
     cfg = cfg_of(**{"rollout.replay_ratio": 0.5, "algo.clip_eps": 0.3, "algo.clip_eps_final": 0.1,
-                    "algo.ent_coef": 0.02, "algo.ent_coef_final": 0.0, "eval.keep_best": True})  # fmt: skip
+                    "algo.ent_coef": 0.02, "algo.ent_coef_final": 0.0, "algo.lr": 4e-4,
+                    "algo.lr_final": 0.0, "eval.keep_best": True})  # fmt: skip
     with Run(tmp_path / "run", cfg) as run:
         res = train_lm(cfg, run, agent=copy.deepcopy(sft_agent))
     h = res.history
     assert [r["train/clip_eps"] for r in h] == pytest.approx([0.3, 0.2, 0.1])
     assert [r["train/ent_coef"] for r in h] == pytest.approx([0.02, 0.01, 0.0])
+    assert [r["train/lr"] for r in h] == pytest.approx([4e-4, 2e-4, 0.0])
     # after SFT the agent solves some depth-1 trees; their episodes come back in later batches:
     # 0.5 x 16 = 8 per batch, or all the successes so far when there are fewer
     wins = [round(r["rollout/success"] * 16) for r in h]

@@ -826,6 +826,9 @@ def update(t: LMTrainer, traj: Trajectories, sc: Scored, cr: Credit, iteration: 
     ent_coef = _scheduled(a.ent_coef, a.ent_coef_final, iteration, n_iters)
     sft_coef = _scheduled(a.sft_coef, a.sft_coef_final, iteration, n_iters)
     coefs = {"clip_eps": clip_eps, "ent_coef": ent_coef, "sft_coef": sft_coef}
+    lr_share = _scheduled(a.lr, a.lr_final, iteration, n_iters) / a.lr
+    for group, base_lr in zip(t.opt.param_groups, (a.lr, a.value_lr), strict=True):
+        group["lr"] = base_lr * lr_share  # set from the iteration, so a resumed run agrees
     t.agent.train()
     snapshot = Snapshot(t.agent, t.opt)  # the last good state, for a rollback
 

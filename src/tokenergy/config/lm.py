@@ -249,6 +249,11 @@ class AlgoConfig:
     ent_coef_final: float | None = _f(
         None, "entropy-coefficient schedule: ent_coef moves linearly to this by the last iteration"
     )
+    lr_final: float | None = _f(
+        None,
+        "learning-rate schedule: lr moves linearly to this by the last iteration (value_lr "
+        "in the same proportion); null keeps lr fixed",
+    )
     kl_target: float | None = _f(
         None,
         "adaptive KL: kl_coef moves toward this mean per-token KL to the reference "
@@ -329,6 +334,8 @@ class AlgoConfig:
             _in_range(self.clip_eps_final, "clip_eps_final", 0.0, 1.0, lo_open=True, hi_open=True)
         if self.ent_coef_final is not None:
             _in_range(self.ent_coef_final, "ent_coef_final", 0.0, None)
+        if self.lr_final is not None:
+            _in_range(self.lr_final, "lr_final", 0.0, None)
         if self.kl_target is not None:
             _in_range(self.kl_target, "kl_target", 0.0, None, lo_open=True)
             _check(self.kl_coef > 0, "kl_target", "needs kl_coef > 0 as its starting value")
