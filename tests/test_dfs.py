@@ -15,6 +15,8 @@ from tokenergy.algos.dfs import (
     log_probs,
     play,
     random_dfs_leaves,
+    random_moves_leaves,
+    random_moves_success,
     train_dfs,
 )
 from tokenergy.config import ConfigError, config_from_dict
@@ -66,6 +68,21 @@ def test_mean_leaves_of_a_perfect_search_match_randomized_dfs():
     (row,) = evaluate_search(model, 2, [4], episodes=2000, greedy=True)
     assert random_dfs_leaves(2, 4) == 8.5
     assert abs(row["leaves"] - 8.5) < 3 * row["leaves_se"]
+
+
+def test_uniformly_random_moves_by_hand_and_by_sampling():
+    # depth 1 of a binary tree, 2 visits: the first finds the goal half the time, the second
+    # (taken half the time) too: success 3/4, leaves 1 + 1/2
+    assert random_moves_success(2, 1) == pytest.approx(0.75)
+    assert random_moves_leaves(2, 1) == pytest.approx(1.5)
+    assert random_moves_success(2, 2) == pytest.approx(1 - (3 / 4) ** 4)
+    assert random_moves_success(2, 12) == pytest.approx(1 - math.exp(-1), abs=1e-4)
+    model = SearchTransformer(2, heads=2, init_scale=0.0)  # every logit 0: uniform moves
+    n = 4000
+    (row,) = evaluate_search(model, 2, [3], episodes=n)
+    p = random_moves_success(2, 3)
+    assert abs(row["success"] - p) < 3 * math.sqrt(p * (1 - p) / n)
+    assert abs(row["leaves"] - random_moves_leaves(2, 3)) < 3 * row["leaves_se"]
 
 
 def test_log_probs_of_a_batch_match_the_step_by_step_decisions():
@@ -197,10 +214,12 @@ def test_head_ablation_scores_every_run_with_search_eval(tmp_path):
     assert res.exit_code == 0, res.output
     lines = (out / "search_ablation.md").read_text().splitlines()
     assert [ln.split("|")[1].strip() for ln in lines[2:]] == [
-        "1-head", "2-heads", "4-heads", "randomized DFS"
+        "1-head", "2-heads", "4-heads", "randomized DFS", "uniformly random moves"
     ]  # fmt: skip
     assert all(ln.split("|")[2].strip() == "2" for ln in lines[2:5])  # two seeds each
-    assert lines[-1].endswith("1.00 / 4.5 |")  # depth 3: (2^3 + 1) / 2 leaves
+    assert lines[-2].endswith("1.00 / 4.5 |")  # depth 3: (2^3 + 1) / 2 leaves
+    # depth 3: 1 - (7/8)^8 = 0.656 success, 0.656 x 8 = 5.25 leaves
+    assert lines[-1].endswith("0.66 / 5.3 |")
     assert (out / "search_ablation.png").stat().st_size > 1000
     assert (out / "2-heads" / "seed_1" / "search_eval.md").is_file()
 

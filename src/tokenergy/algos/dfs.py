@@ -67,6 +67,8 @@ __all__ = [
     "dfs_weights",
     "evaluate_search",
     "random_dfs_leaves",
+    "random_moves_leaves",
+    "random_moves_success",
     "train_dfs",
 ]
 
@@ -168,6 +170,20 @@ class TreeBatch:
 def random_dfs_leaves(k: int, depth: int) -> float:
     """Mean leaves a randomized DFS visits until a uniform goal: ``(k**depth + 1) / 2``."""
     return (k**depth + 1) / 2
+
+
+def random_moves_success(k: int, depth: int) -> float:
+    """Success of uniformly random moves within the budget of ``k**depth`` leaf visits: each
+    visit hits the goal with ``q = k**-depth`` whatever the goal's distribution, so
+    ``1 - (1 - q) ** k**depth`` (about ``1 - 1/e`` for deep trees)."""
+    q = float(k) ** -depth
+    return 1.0 - (1.0 - q) ** (k**depth)
+
+
+def random_moves_leaves(k: int, depth: int) -> float:
+    """Mean leaves uniformly random moves visit, stopping at the goal or the budget:
+    ``sum_{i < k**depth} (1 - q) ** i = random_moves_success / q``."""
+    return random_moves_success(k, depth) * float(k) ** depth
 
 
 # --------------------------------------------------------------------------- the model
@@ -621,6 +637,14 @@ def ablation_table(root: str | Path, depths: list[int] | None = None, episodes: 
         + " | ".join(f"1.00 / {random_dfs_leaves(t.k, d):.1f}" for d in depths)
         + " |"
     )
+    lines.append(
+        "| uniformly random moves | – | "
+        + " | ".join(
+            f"{random_moves_success(t.k, d):.2f} / {random_moves_leaves(t.k, d):.1f}"
+            for d in depths
+        )
+        + " |"
+    )
     md = "\n".join(lines) + "\n"
     (root / "search_ablation.md").write_text(md)
     _ablation_plot(table, depths, root / "search_ablation.png", base)
@@ -639,7 +663,9 @@ def _ablation_plot(table, depths, path: Path, base) -> None:
         m, sd = succ.mean(0), succ.std(0)
         ax.plot(depths, m, marker="o", color=f"C{i}", label=f"{variant} ({len(runs)} seeds)")
         ax.fill_between(depths, m - sd, m + sd, color=f"C{i}", alpha=0.2)
-    trained = list(base.train.depths)
+    ax.plot(depths, [random_moves_success(base.tree.k, d) for d in depths], color="grey",
+            linestyle="--", label="uniformly random moves")  # fmt: skip
+    trained = [x for d in base.train.depths for x in (d if isinstance(d, list) else [d])]
     ax.axvspan(min(trained) - 0.5, max(trained) + 0.5, color="grey", alpha=0.15, label="trained")
     ax.set_xlabel("tree depth")
     ax.set_ylabel("success within k^depth leaf visits")
