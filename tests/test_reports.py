@@ -65,6 +65,25 @@ def test_write_report_for_an_ablation_folder(tmp_path):
     assert "data:image/png;base64," in (folder / "report.html").read_text()
 
 
+def test_report_plots_an_evaluation_logged_every_other_iteration(tmp_path):
+    from tokenergy.reports.runs import _curve
+
+    logged = rows([0.1, 0.2, 0.3, 0.4])
+    for i, r in enumerate(logged):
+        if i % 2 == 1:
+            r["eval/success"] = 0.5 * i
+    steps, values = _curve(logged, "eval/success")
+    assert steps.tolist() == [200.0, 400.0] and values.tolist() == [0.5, 1.5]
+    steps, values = _curve(logged, "rollout/success")  # a dense metric keeps every row
+    assert steps.tolist() == [100.0, 200.0, 300.0, 400.0]
+    for k in range(2):
+        _write(tmp_path / "ppo" / f"seed_{k}", logged)
+    folder, _ = write_report(tmp_path, "rollout/success", 0.9, panels=["eval/success"])
+    assert (folder / "curves.png").stat().st_size > 1000
+    with pytest.raises(RunDirError, match="no run logged eval/state_exact"):
+        write_report(tmp_path, "rollout/success", 0.9, panels=["eval/state_exact"])
+
+
 def test_report_errors_name_the_path(tmp_path):
     with pytest.raises(RunDirError, match="is not a folder"):
         load_ablation(tmp_path / "missing")

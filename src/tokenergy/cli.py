@@ -311,16 +311,27 @@ def report(
     threshold: float | None = typer.Option(
         None, "--threshold", help="Threshold value (default from the config)."
     ),
+    panel: list[str] | None = typer.Option(
+        None,
+        "--panel",
+        help="A metric to plot (repeat: --panel eval/success --panel eval/state_exact); "
+        "default the training curves.",
+    ),
 ) -> None:
     """Learning curves (mean ± std over seeds) and the summary table, as PNG, markdown and HTML.
 
     LM runs also get per-token pictures (tokens.html: energy, weight and advantage of every
     token) and energy-over-turn curves; LM ablations a success table per environment.
     """
-    _report(run_dir, metric, threshold)
+    _report(run_dir, metric, threshold, panel or None)
 
 
-def _report(root: Path, metric: str | None = None, threshold: float | None = None) -> None:
+def _report(
+    root: Path,
+    metric: str | None = None,
+    threshold: float | None = None,
+    panels: list[str] | None = None,
+) -> None:
     from tokenergy.reports.lm import (
         is_lm_ablation,
         write_diagnose,
@@ -338,7 +349,7 @@ def _report(root: Path, metric: str | None = None, threshold: float | None = Non
         for page in sorted(root.glob("*/*/seed_0/report/tokens.html")):
             console.print(f"per-token heatmaps: {page}")
         return
-    _print_report(root, write_report(root, metric, threshold))
+    _print_report(root, write_report(root, metric, threshold, panels))
     tokens = write_token_report(root)
     if tokens is not None:
         console.print(f"per-token pictures: {tokens}")

@@ -56,6 +56,10 @@ def final_value(rows: list[dict[str, Any]], metric: str, frac: float = 0.1) -> f
 
 
 def _curve(rows: list[dict[str, Any]], metric: str) -> tuple[np.ndarray, np.ndarray]:
+    """Steps and values of ``metric``; a metric logged only at some rows (an evaluation every
+    n iterations) keeps those rows, so its points join into a line."""
+    if any(metric not in r for r in rows) and any(metric in r for r in rows):
+        rows = [r for r in rows if metric in r]
     steps = np.array([r[STEP] for r in rows], dtype=float)
     values = np.array([np.nan if r.get(metric) is None else r[metric] for r in rows], dtype=float)
     return steps, values
@@ -253,6 +257,9 @@ def write_report(
         metric = metric or m
         threshold = t if threshold is None else threshold
     present = {k for seeds in runs.values() for rows in seeds for r in rows for k in r}
+    missing = sorted(set(panels or []) - present)
+    if missing:
+        raise RunDirError(f"{str(root)!r}: no run logged {', '.join(missing)}")
     panels = [p for p in (panels or DEFAULT_PANELS) if p in present]
     out = root / "report"
     out.mkdir(exist_ok=True)
