@@ -190,6 +190,9 @@ def plot_curves(
     nrows = math.ceil(n / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(6.2 * cols, 3.6 * nrows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    # an LM run's global step counts episodes (it logs train/episodes), a vector run's env steps
+    lm = any("train/episodes" in r for seeds in runs.values() for rows in seeds for r in rows[:1])
+    x_label = "training episodes" if lm else "environment steps"
     for ax, metric in zip(axes.flat, metrics, strict=False):
         for i, (name, seeds) in enumerate(runs.items()):
             curves = [_curve(rows, metric) for rows in seeds if rows]
@@ -216,7 +219,7 @@ def plot_curves(
                 label=f"threshold {thresholds[metric]:g}",
             )
         ax.set_title(metric)
-        ax.set_xlabel("environment steps")
+        ax.set_xlabel(x_label)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="best")
     for ax in list(axes.flat)[n:]:
