@@ -66,7 +66,7 @@ def test_write_report_for_an_ablation_folder(tmp_path):
 
 
 def test_report_plots_an_evaluation_logged_every_other_iteration(tmp_path):
-    from tokenergy.reports.runs import _curve
+    from tokenergy.reports.runs import _curve, step_label
 
     logged = rows([0.1, 0.2, 0.3, 0.4])
     for i, r in enumerate(logged):
@@ -76,6 +76,9 @@ def test_report_plots_an_evaluation_logged_every_other_iteration(tmp_path):
     assert steps.tolist() == [200.0, 400.0] and values.tolist() == [0.5, 1.5]
     steps, values = _curve(logged, "rollout/success")  # a dense metric keeps every row
     assert steps.tolist() == [100.0, 200.0, 300.0, 400.0]
+    assert step_label({"ppo": [logged]}) == "environment steps"
+    lm_rows = [{"train/global_step": 0, "eval/success": 0.1}, {**logged[0], "train/episodes": 16}]
+    assert step_label({"ppo": [lm_rows]}) == "training episodes"  # not only its first row
     for k in range(2):
         _write(tmp_path / "ppo" / f"seed_{k}", logged)
     folder, _ = write_report(tmp_path, "rollout/success", 0.9, panels=["eval/success"])

@@ -178,6 +178,13 @@ def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def step_label(runs: dict[str, list[list[dict[str, Any]]]]) -> str:
+    """What ``train/global_step`` counts: an LM run's counts episodes (it logs
+    ``train/episodes``), a vector run's environment steps."""
+    lm = any("train/episodes" in r for seeds in runs.values() for rows in seeds for r in rows)
+    return "training episodes" if lm else "environment steps"
+
+
 def plot_curves(
     runs: dict[str, list[list[dict[str, Any]]]],
     metrics: list[str],
@@ -190,9 +197,7 @@ def plot_curves(
     nrows = math.ceil(n / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(6.2 * cols, 3.6 * nrows), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    # an LM run's global step counts episodes (it logs train/episodes), a vector run's env steps
-    lm = any("train/episodes" in r for seeds in runs.values() for rows in seeds for r in rows[:1])
-    x_label = "training episodes" if lm else "environment steps"
+    x_label = step_label(runs)
     for ax, metric in zip(axes.flat, metrics, strict=False):
         for i, (name, seeds) in enumerate(runs.items()):
             curves = [_curve(rows, metric) for rows in seeds if rows]
