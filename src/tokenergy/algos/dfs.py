@@ -608,7 +608,7 @@ def ablation_table(root: str | Path, depths: list[int] | None = None, episodes: 
     root = Path(root)
     meta = yaml.safe_load((root / "ablation.yaml").read_text())
     base = config_from_dict(meta["base"])
-    trained = [x for d in base.train.depths for x in (d if isinstance(d, list) else [d])]
+    trained = _trained_depths(base)
     depths = list(depths or sorted({*trained, *base.eval.depths}))
     episodes = episodes or base.eval.episodes
     t = base.tree
@@ -651,6 +651,11 @@ def ablation_table(root: str | Path, depths: list[int] | None = None, episodes: 
     return md
 
 
+def _trained_depths(base) -> list[int]:
+    """Every depth the curriculum trains, a mixed stage ([1, 2]) counted as its depths."""
+    return [x for d in base.train.depths for x in (d if isinstance(d, list) else [d])]
+
+
 def _ablation_plot(table, depths, path: Path, base) -> None:
     import matplotlib
 
@@ -665,7 +670,7 @@ def _ablation_plot(table, depths, path: Path, base) -> None:
         ax.fill_between(depths, m - sd, m + sd, color=f"C{i}", alpha=0.2)
     ax.plot(depths, [random_moves_success(base.tree.k, d) for d in depths], color="grey",
             linestyle="--", label="uniformly random moves")  # fmt: skip
-    trained = [x for d in base.train.depths for x in (d if isinstance(d, list) else [d])]
+    trained = _trained_depths(base)
     ax.axvspan(min(trained) - 0.5, max(trained) + 0.5, color="grey", alpha=0.15, label="trained")
     ax.set_xlabel("tree depth")
     ax.set_ylabel("success within k^depth leaf visits")
