@@ -195,6 +195,9 @@ def test_lm_train_then_eval_end_to_end(tmp_path):
     assert (out / "report" / "diagnose.png").is_file() and "action" in res.stdout
     table = (out / "report" / "diagnose.md").read_text()
     assert "energy rho, action" in table and "| 3 |" in table  # the paper's, over 3 groups
+    kept = json.loads((out / "report" / "diagnose_now.json").read_text())  # for the study report
+    assert kept["diag/energy_groups"] == 3 and (kept["seeds"], kept["group"]) == (3, 2)
+    assert kept["reference"] == str(out / "agent") and "diag/energy_spearman_action" in kept
     res = run("report", str(out))
     assert res.returncode == 0, res.stderr
     assert "per-token pictures" in res.stdout and (out / "report" / "tokens.html").is_file()

@@ -174,3 +174,69 @@ def test_resume_continues_an_unfinished_run_from_its_checkpoint(tmp_path):
     ]
     assert rows == want
     assert (run / "agent").is_dir() and (run / "kept").is_file()
+
+
+def _fake_run(folder, successes, diag=None, now=None):
+    """A finished run folder: held-out success every 10 iterations, an optional ``diag/*`` row
+    at the last evaluation and an optional ``report/diagnose_now.json``."""
+    import json
+
+    (folder / "agent").mkdir(parents=True)
+    rows = [{"train/iteration": 10 * i, "eval/success": v} for i, v in enumerate(successes)]
+    if diag is not None:
+        rows[-1].update(diag)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if now is not None:
+        (folder / "report").mkdir()
+        (folder / "report" / "diagnose_now.json").write_text(json.dumps(now))
+
+
+def _diag(rho_action, p_action, share=0.1):
+    return {
+        "diag/share_action": share,
+        "diag/energy_groups": 32.0,
+        "diag/energy_spearman_action": rho_action,
+        "diag/energy_p_action": p_action,
+        "diag/energy_spearman_reasoning": 0.0,
+        "diag/energy_p_reasoning": 1.0,
+        "diag/energy_spearman_all": float("nan"),
+        "diag/energy_p_all": float("nan"),
+    }
+
+
+def test_study_report_intervals_drop_and_the_papers_diagnostic(tmp_path):
+    """Hand-made runs: the paired difference's 95% interval, the peak-to-final drop, and the
+    paper's diagnostic at the SFT start (from `diagnose --now`) and at the final agents (the
+    last logged diag row, unless `diagnose --now` measured it)."""
+    root = tmp_path / "study"
+    root.mkdir()
+    (root / "ablation.yaml").write_text(
+        yaml.safe_dump({"seeds": 3, "variants": ["ppo", "actfocus-ppo"], "envs": ["sokoban"]})
+    )
+    ppo = [[0.3, 0.6, 0.5], [0.3, 0.4, 0.4], [0.3, 0.5, 0.6]]
+    af = [[0.3, 0.5, 0.6], [0.3, 0.5, 0.45], [0.3, 0.7, 0.55]]
+    for k in range(3):
+        _fake_run(root / "sokoban" / "sft" / f"seed_{k}", [0.3], now=_diag(0.5, 0.01, 0.2))
+        _fake_run(root / "sokoban" / "ppo" / f"seed_{k}", ppo[k], diag=_diag(0.1 * k, 0.5))
+        _fake_run(
+            root / "sokoban" / "actfocus-ppo" / f"seed_{k}",
+            af[k],
+            diag=_diag(0.9, 0.9),  # overridden by what diagnose --now measured:
+            now=_diag([0.3, 0.4, 0.5][k], [0.04, 0.2, 0.001][k]),
+        )
+    folder, _ = write_lm_ablation_report(root)
+    report = (folder / "report.md").read_text()
+    # differences 10, 5, -5 points: mean +3.3, sd 7.6, 95% CI 3.33 ± 4.303 * 7.64 / sqrt(3)
+    assert (
+        "- actfocus-ppo − ppo (final step, points, paired by seed, mean ± std): "
+        "sokoban +3.3 ± 7.6, 95% CI -15.6 to +22.3 (2/3 seeds)"
+    ) in report
+    drop = report.split("Peak-to-final drop")[1].split("\n\n")[1].splitlines()
+    assert drop[2] == "| ppo | 0.033 ± 0.058 (n=3) |"  # drops 0.1, 0, 0
+    assert drop[3] == "| actfocus-ppo | 0.067 ± 0.076 (n=3) |"  # 0, 0.05, 0.15
+    energy = report.split("The ActFocus paper's diagnostic")[1].split("\n\n")[1].splitlines()
+    assert energy[2] == (
+        "| sokoban | SFT start | 3 | 32 | +0.500 ± 0.000 (3/3) | +0.000 ± 0.000 (0/3) | — | 0.200 |"
+    )
+    assert energy[3].startswith("| sokoban | ppo | 3 | 32 | +0.100 ± 0.100 (0/3) |")
+    assert energy[4].startswith("| sokoban | actfocus-ppo | 3 | 32 | +0.400 ± 0.100 (2/3) |")

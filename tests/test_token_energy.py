@@ -453,6 +453,25 @@ def test_t_p_value_matches_closed_forms_and_the_integrated_density(t, df):
     assert t_two_sided_p(0.0, df) == pytest.approx(1.0)
 
 
+def test_t_critical_closed_forms_and_the_interval_of_a_paired_mean():
+    from tokenergy.credit.diagnostics import mean_interval, t_critical
+
+    # df 1 is Cauchy: P(|T| > t) = 1 - 2 atan(t) / pi, so t = tan(pi / 2 * level)
+    assert t_critical(1) == pytest.approx(math.tan(math.pi / 2 * 0.95), abs=1e-9)  # 12.706
+    # df 2: P(|T| > t) = 1 - t / sqrt(2 + t^2), so t = sqrt(2 level^2 / (1 - level^2))
+    assert t_critical(2) == pytest.approx(math.sqrt(2 * 0.95**2 / (1 - 0.95**2)), abs=1e-9)
+    assert t_critical(2, level=0.5) == pytest.approx(math.sqrt(2 * 0.25 / 0.75), abs=1e-9)
+    assert t_critical(10) == pytest.approx(2.2281, abs=1e-4)  # the printed tables
+    assert 1.959 < t_critical(10_000) < 1.961  # tends to the normal's 1.96
+    with pytest.raises(ValueError, match="level"):
+        t_critical(3, level=1.0)
+    # differences 10, 5, -5: mean 10/3, sd sqrt(175/3), half-width t_2 * sd / sqrt(3)
+    mean, half = mean_interval([10.0, 5.0, -5.0])
+    assert mean == pytest.approx(10 / 3)
+    assert half == pytest.approx(4.302653 * math.sqrt(175 / 3) / math.sqrt(3), rel=1e-6)
+    assert math.isnan(mean_interval([4.0])[1])
+
+
 def test_spearman_hand_example_ties_and_degenerate_samples():
     from tokenergy.credit.diagnostics import spearman
 

@@ -454,8 +454,11 @@ def diagnose(
     the returns and the mean energy over action, reasoning and all tokens.
 
     Reads the diag/* metrics the run logged at each evaluation (eval.diagnose_seeds > 0) and
-    plots them over training; --now (or a run without them) measures the final agent.
+    plots them over training; --now (or a run without them) measures the final agent and
+    keeps what it measured in report/diagnose_now.json, which the study report reads.
     """
+    import json
+
     import torch
 
     from tokenergy.algos.ppo import resolve_device
@@ -482,6 +485,19 @@ def diagnose(
         res = action_bottleneck(agent, cfg, seeds, group, gen, reference=ref)
         last = max((int(r.get("train/iteration", 0)) for r in rows), default=0)
         rows = [{"train/iteration": last, **res}]
+        # kept for the study report (its diagnostic of the final agents), with how it was made
+        (run_dir / "report").mkdir(exist_ok=True)
+        (run_dir / "report" / "diagnose_now.json").write_text(
+            json.dumps(
+                {
+                    **rows[0],
+                    "seeds": seeds,
+                    "group": group,
+                    "reference": str(reference) if reference is not None else None,
+                },
+                indent=1,
+            )
+        )
     png, md = write_diagnose(run_dir, [r for r in rows if "diag/share_action" in r])
     _print_table(md, f"{run_dir}: action bottleneck")
     console.print(f"picture: {png}")

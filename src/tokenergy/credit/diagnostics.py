@@ -29,8 +29,10 @@ __all__ = [
     "DIAG_ROLES",
     "action_bottleneck",
     "energy_reward_std_correlation",
+    "mean_interval",
     "role_reward_correlation",
     "spearman",
+    "t_critical",
     "t_two_sided_p",
 ]
 
@@ -127,6 +129,36 @@ def t_two_sided_p(t: float, df: int) -> float:
     if math.isinf(t):
         return 0.0
     return _betainc(df / 2.0, 0.5, df / (df + t * t))
+
+
+def t_critical(df: int, level: float = 0.95) -> float:
+    """Student's t value with ``df`` degrees of freedom whose two-sided tail probability is
+    ``1 - level`` (12.706 for df 1, 4.303 for df 2 at 95%): bisection on :func:`t_two_sided_p`,
+    which falls as ``t`` grows."""
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"t_critical: level must lie in (0, 1), got {level}")
+    lo, hi = 0.0, 1.0
+    while t_two_sided_p(hi, df) > 1.0 - level:
+        hi *= 2.0
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > 1.0 - level else (lo, mid)
+        if hi - lo < 1e-12:
+            break
+    return 0.5 * (lo + hi)
+
+
+def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """The mean of ``values`` and the half-width of its t interval at ``level``
+    (``t_critical(n - 1) * sd / sqrt(n)``); the half-width is ``nan`` for a single value."""
+    n = len(values)
+    if n == 0:
+        raise ValueError("mean_interval: no values")
+    mean = sum(values) / n
+    if n == 1:
+        return mean, math.nan
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    return mean, t_critical(n - 1, level) * sd / math.sqrt(n)
 
 
 def _ranks(x: torch.Tensor) -> torch.Tensor:

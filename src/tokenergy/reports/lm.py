@@ -29,10 +29,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import yaml
 
+from tokenergy.credit.diagnostics import mean_interval
 from tokenergy.runs import RunDirError, read_metrics
 from tokenergy.types import Role
 
 __all__ = [
+    "final_diagnostic",
     "is_lm_ablation",
     "read_samples",
     "write_diagnose",
@@ -331,10 +333,12 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     envs, variants = meta["envs"], meta["variants"]
     metric = (meta.get("base", {}).get("ablation", {}) or {}).get("metric", "eval/success")
     runs: dict[str, dict[str, list[list[dict[str, Any]]]]] = {}
+    dirs: dict[str, dict[str, list[Path]]] = {}
     for env in envs:
         for variant in ["sft", *variants]:
             for d in sorted((root / env / variant).glob("seed_*/agent")):  # finished runs
                 runs.setdefault(env, {}).setdefault(variant, []).append(read_metrics(d.parent))
+                dirs.setdefault(env, {}).setdefault(variant, []).append(d.parent)
     if not runs:
         raise RunDirError(f"{str(root)!r} holds no finished runs yet")
     out = root / "report"
@@ -342,6 +346,9 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     header = ["variant", *envs]
     table, finals = _success_table(runs, envs, variants, metric, lambda ev: ev[-1][1])
     peak_table, _ = _success_table(runs, envs, variants, metric, lambda ev: max(v for _, v in ev))
+    drop_table, _ = _success_table(
+        runs, envs, variants, metric, lambda ev: max(v for _, v in ev) - ev[-1][1]
+    )
     md_table = _markdown(header, table)
     extra = ""  # what the agent still reads, and how often its turns are invalid, at the end
     for key, what in (("eval/state_exact", "scratchpads that state the state exactly"),
@@ -352,6 +359,7 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     deltas = _paired_deltas(finals, envs, variants)
     curves_png = _success_curves(runs, envs, variants, metric, out / "curves.png")
     diag_png, diag_md = _diagnostic_section(runs, envs, variants, out / "diagnose.png")
+    energy_md = _energy_diagnostic_section(runs, dirs, envs, variants)
     weight_md = _weight_section(root, runs, envs, variants)
     token_links = []
     for env in envs:
@@ -365,12 +373,22 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         f"mean ± std over {seeds_n} seeds; every variant of an env and seed starts from the "
         f"same SFT agent (first row).\n\n{md_table}\n\n" + "\n".join(deltas) + "\n\n"
         f"Peak held-out {metric} (the best evaluation of each run):\n\n"
-        f"{_markdown(header, peak_table)}\n\n{extra}"
+        f"{_markdown(header, peak_table)}\n\n"
+        "Peak-to-final drop (peak minus final, per run):\n\n"
+        f"{_markdown(header, drop_table[1:])}\n\n{extra}"
         "![success curves](curves.png)\n\n"
         "Action-bottleneck diagnostic (mean over evaluations and seeds):\n\n"
         f"{diag_md}\n\n![diagnostic](diagnose.png)\n\n"
-        "Where the loss weight went (every RL iteration, all seeds):\n\n"
-        f"{weight_md}\n\nPer-token pictures:\n\n"
+        + (
+            "The ActFocus paper's diagnostic at the SFT start and at the final agents "
+            "(Spearman's rho between the groups' return std and their mean energy; mean ± std "
+            "over seeds, and on how many seeds p < 0.05):\n\n"
+            f"{energy_md}\n\n"
+            if energy_md
+            else ""
+        )
+        + "Where the loss weight went (every RL iteration, all seeds):\n\n"
+        + f"{weight_md}\n\nPer-token pictures:\n\n"
         + "\n".join(f"- {label}: `{path}`" for label, path in token_links)
         + "\n"
     )
@@ -411,7 +429,8 @@ def _success_table(runs, envs, variants, metric, pick) -> tuple[list[list[str]],
 
 def _paired_deltas(finals: dict, envs: list[str], variants: list[str]) -> list[str]:
     """The differences of the compared variants in points, paired by seed (both variants of a
-    seed start from the same SFT agent)."""
+    seed start from the same SFT agent): mean ± std, the 95% t interval of the mean, and the
+    seeds on which the first variant is ahead."""
 
     def delta(a: str, b: str) -> str:
         parts = []
@@ -420,8 +439,12 @@ def _paired_deltas(finals: dict, envs: list[str], variants: list[str]) -> list[s
             if x and y and len(x) == len(y):
                 d = [100 * (p - q) for p, q in zip(x, y, strict=True)]
                 sd = statistics.stdev(d) if len(d) > 1 else 0.0
+                mean, half = mean_interval(d)
+                ci = (
+                    "" if math.isnan(half) else f", 95% CI {mean - half:+.1f} to {mean + half:+.1f}"
+                )
                 wins = sum(v > 0 for v in d)
-                parts.append(f"{env} {statistics.mean(d):+.1f} ± {sd:.1f} ({wins}/{len(d)} seeds)")
+                parts.append(f"{env} {mean:+.1f} ± {sd:.1f}{ci} ({wins}/{len(d)} seeds)")
         return ", ".join(parts)
 
     pairs = (
@@ -433,7 +456,7 @@ def _paired_deltas(finals: dict, envs: list[str], variants: list[str]) -> list[s
         ("actfocus-ppo", "shuffled"),
     )
     return [
-        f"- {a} − {b} (points, paired by seed, mean ± std): {d}"
+        f"- {a} − {b} (final step, points, paired by seed, mean ± std): {d}"
         for a, b in pairs
         if a in variants and b in variants and (d := delta(a, b))
     ]
@@ -500,6 +523,64 @@ def _diagnostic_section(runs, envs, variants, path: Path) -> tuple[Path, str]:
     return png, (
         "| env | variant | action abs corr | reasoning abs corr | action token share |\n"
         "|---|---|---|---|---|\n" + "\n".join(lines)
+    )
+
+
+def final_diagnostic(run_dir: Path, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The action-bottleneck diagnostic of a run's final agent: what ``tokenergy diagnose
+    --now`` measured (``report/diagnose_now.json``) when it did, else the last ``diag/*`` row
+    the run logged, else ``None``."""
+    now = run_dir / "report" / "diagnose_now.json"
+    if now.is_file():
+        return json.loads(now.read_text())
+    diag = [r for r in rows if "diag/share_action" in r]
+    return diag[-1] if diag else None
+
+
+def _energy_diagnostic_section(runs, dirs, envs, variants) -> str:
+    """The ActFocus paper's diagnostic per env: the SFT start (the SFT runs' agents) and each
+    variant's final agents, Spearman's rho of the groups' return std against their mean
+    energy over action, reasoning and all tokens (mean ± std over seeds, seeds with p < 0.05),
+    and the action tokens' share."""
+
+    def cell(diags: list[dict[str, Any]], part: str) -> str:
+        rhos = [d[f"diag/energy_spearman_{part}"] for d in diags]
+        ps = [d[f"diag/energy_p_{part}"] for d in diags]
+        kept = [(r, p) for r, p in zip(rhos, ps, strict=True) if not math.isnan(r)]
+        if not kept:
+            return "—"
+        mean = statistics.mean(r for r, _ in kept)
+        sd = statistics.stdev([r for r, _ in kept]) if len(kept) > 1 else 0.0
+        return f"{mean:+.3f} ± {sd:.3f} ({sum(p < 0.05 for _, p in kept)}/{len(kept)})"
+
+    lines = []
+    for env in envs:
+        for variant in ["sft", *variants]:
+            pairs = zip(
+                runs.get(env, {}).get(variant, []), dirs.get(env, {}).get(variant, []), strict=True
+            )
+            diags = [
+                d
+                for rows, run_dir in pairs
+                if (d := final_diagnostic(run_dir, rows)) is not None
+                and "diag/energy_spearman_action" in d
+            ]
+            if not diags:
+                continue
+            groups = sorted({int(d.get("diag/energy_groups", 0)) for d in diags})
+            share = statistics.mean(d["diag/share_action"] for d in diags)
+            label = "SFT start" if variant == "sft" else variant
+            lines.append(
+                f"| {env} | {label} | {len(diags)} | {'/'.join(map(str, groups))} | "
+                f"{cell(diags, 'action')} | {cell(diags, 'reasoning')} | {cell(diags, 'all')} "
+                f"| {share:.3f} |"
+            )
+    if not lines:
+        return ""
+    return (
+        "| env | agents | seeds | groups | rho, action tokens | rho, reasoning tokens "
+        "| rho, all tokens | action token share |\n|---|---|---|---|---|---|---|---|\n"
+        + "\n".join(lines)
     )
 
 
