@@ -294,6 +294,7 @@ def test_every_token_energy_source_on_hand_inputs_and_without_gradient():
         free_energy=torch.tensor([[0.0, -1.0, -2.0, -3.0]], **grad),
         kl_ref=torch.tensor([[0.0, 0.1, 0.2, 0.3]], **grad),
         ref_free_energy=torch.tensor([[0.0, -4.0, -5.0, -6.0]], **grad),
+        ref_entropy=torch.tensor([[0.0, 1.5, 0.7, 0.2]], **grad),
         advantages=torch.tensor([[0.0, 0.0, 1.0, -1.0]], **grad),
     )
     cfg = SimpleNamespace(adv_beta=2.0, ngram=2)
@@ -304,6 +305,8 @@ def test_every_token_energy_source_on_hand_inputs_and_without_gradient():
         "free_energy": [0.0, -1.0, -2.0, -3.0],
         "kl_ref": [0.0, 0.1, 0.2, 0.3],
         "ref_free_energy": [0.0, -4.0, -5.0, -6.0],
+        "ref_entropy": [0.0, 1.5, 0.7, 0.2],
+        "logprob_shift": [0.0, -0.5, 1.0, -0.4],  # log pi_old - log pi_ref
         "ngram_repeat": [0.0, 0.0, 0.0, 1.0],  # (3, 4) again at the end
         "advantage": [0.5, 0.5, 1 / (1 + math.e**2), 1 / (1 + math.e**-2)],
     }
@@ -392,7 +395,8 @@ def test_score_keeps_the_per_token_quantities_the_sources_read():
     eps = rollout(agent.policy, agent.tokenizer, envs, [0, 1], max_turns=2, max_turn_tokens=6,
                   generator=torch.Generator().manual_seed(0))  # fmt: skip
     traj = collate(eps, agent.tokenizer.pad_token_id)
-    sc = score(agent, ref, traj, extras=frozenset({"free_energy", "kl_ref", "ref_free_energy"}))
+    extras = frozenset({"free_energy", "kl_ref", "ref_free_energy", "ref_entropy"})
+    sc = score(agent, ref, traj, extras=extras)
     with torch.no_grad():
         logits = agent(traj.tokens, traj.attention_mask).logits
         ref_logits = ref(input_ids=traj.tokens, attention_mask=traj.attention_mask).logits
@@ -409,8 +413,12 @@ def test_score_keeps_the_per_token_quantities_the_sources_read():
     assert torch.allclose(
         sc.ref_free_energy[:, 1:][m[:, 1:]], free_energy(ref_logits)[:, :-1][m[:, 1:]], atol=1e-5
     )
+    assert torch.allclose(
+        sc.ref_entropy[:, 1:][m[:, 1:]], entropy(ref_logits)[:, :-1][m[:, 1:]], atol=1e-5
+    )
     plain = score(agent, ref, traj)  # what PPO alone needs: no extra softmax over the vocabulary
     assert plain.kl_ref is None and plain.free_energy is None and plain.ref_free_energy is None
+    assert plain.ref_entropy is None
     assert torch.equal(plain.logprobs, sc.logprobs) and torch.equal(plain.entropy, sc.entropy)
     assert score(agent, None, traj, extras=frozenset({"kl_ref"})).kl_ref is None
     assert score(agent, None, traj, extras=frozenset({"ref_free_energy"})).ref_free_energy is None

@@ -497,6 +497,7 @@ class TokenEnergyInputs:
     free_energy: torch.Tensor | None = None  # -logsumexp(logits_t)
     kl_ref: torch.Tensor | None = None  # exact KL(π_θ‖π_ref)(s_t)
     ref_free_energy: torch.Tensor | None = None  # -logsumexp(ref_logits_t)
+    ref_entropy: torch.Tensor | None = None  # H(π_ref(·|s_t))
     advantages: torch.Tensor | None = None  # whitened advantages
     learned: Any = None  # a learned energy model (discriminator, ensemble) with .energy(inputs)
 
@@ -539,6 +540,20 @@ def _token_free_energy(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
 def _token_ref_free_energy(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
     """The ActFocus paper's energy: ``E_t = -logsumexp_v f_ref[t, v]`` of the frozen reference."""
     return _needs(inputs, "ref_free_energy", "ref_free_energy", " (a frozen reference)")
+
+
+@TOKEN_ENERGIES.register("ref_entropy")
+def _token_ref_entropy(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    """The frozen reference's entropy at each position (a signal of the paper's ablation)."""
+    return _needs(inputs, "ref_entropy", "ref_entropy", " (a frozen reference)")
+
+
+@TOKEN_ENERGIES.register("logprob_shift")
+def _token_logprob_shift(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
+    """``log π_old(y_t) - log π_ref(y_t)``: how far the policy has moved on the sampled token
+    (a signal of the paper's ablation)."""
+    old = _needs(inputs, "logprobs", "logprob_shift")
+    return old - _needs(inputs, "ref_logprobs", "logprob_shift", " (a frozen reference)")
 
 
 @TOKEN_ENERGIES.register("kl_ref")

@@ -326,7 +326,7 @@ def reuses_update_logprobs(cfg: LMRunConfig) -> bool:
         and a.minibatches == 1
         and a.name != "ppo"
         and not (a.kl_in == "reward" and (a.kl_coef > 0 or a.kl_target))
-        and cfg.energy.source in ("ref_surprisal", "ref_free_energy")
+        and cfg.energy.source in ("ref_surprisal", "ref_free_energy", "ref_entropy")
     )
 
 

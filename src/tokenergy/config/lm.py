@@ -371,8 +371,9 @@ class TokenEnergyConfig:
     source: str = _f(
         "ref_free_energy",
         "token energy source: ref_free_energy (the ActFocus paper's: -logsumexp of the frozen "
-        "reference's logits), ref_surprisal, surprisal, entropy, free_energy, kl_ref, "
-        "ngram_repeat, discriminator, advantage, uncertainty",
+        "reference's logits), ref_surprisal, ref_entropy, logprob_shift (log pi_old - log "
+        "pi_ref), surprisal, entropy, free_energy, kl_ref, ngram_repeat, discriminator, "
+        "advantage, uncertainty",
     )
     weighting: str = _f(
         "none",
@@ -456,7 +457,13 @@ class TokenEnergyConfig:
 
     @property
     def reads_reference(self) -> bool:
-        return self.source in ("ref_surprisal", "kl_ref", "ref_free_energy")
+        return self.source in (
+            "ref_surprisal",
+            "kl_ref",
+            "ref_free_energy",
+            "ref_entropy",
+            "logprob_shift",
+        )
 
     @property
     def needs_reference(self) -> bool:

@@ -113,6 +113,7 @@ class TokenCredit:
             free_energy=sc.free_energy,
             kl_ref=sc.kl_ref,
             ref_free_energy=sc.ref_free_energy,
+            ref_entropy=sc.ref_entropy,
             advantages=advantages,
             learned=self.learned,
         )

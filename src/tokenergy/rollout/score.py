@@ -43,6 +43,7 @@ class Scored:
     free_energy: torch.Tensor | None = None  # (B, T) -logsumexp of the policy logits there
     kl_ref: torch.Tensor | None = None  # (B, T) exact KL(π_θ‖π_ref) there, with a reference
     ref_free_energy: torch.Tensor | None = None  # (B, T) -logsumexp of the reference's logits
+    ref_entropy: torch.Tensor | None = None  # (B, T) the reference's entropy there
     logits: torch.Tensor | None = None  # (B, T, V) shifted like logprobs, when kept
 
 
@@ -60,8 +61,8 @@ def score(
 
     Besides what the update needs it keeps the entropy and, when ``extras`` names them, the
     other per-token quantities energy sources read: ``free_energy``, ``ref_free_energy`` (the
-    frozen reference's, the ActFocus paper's energy, from the reference pass that runs anyway)
-    and ``kl_ref`` (the exact KL to the reference, a second softmax over the vocabulary), all
+    frozen reference's, the ActFocus paper's energy, from the reference pass that runs anyway),
+    ``ref_entropy`` (the reference's entropy, from the same pass) and ``kl_ref`` (the exact KL to the reference, a second softmax over the vocabulary), all
     shifted to the chosen token.
 
     With ``policy=False`` only the reference runs: the policy's log-probs, entropy and values
@@ -74,7 +75,7 @@ def score(
     """
     device = agent.device
     B, T = traj.tokens.shape
-    out_names = ["logprobs", "ref", "values", "entropy", "free", "kl", "ref_free"]
+    out_names = ["logprobs", "ref", "values", "entropy", "free", "kl", "ref_free", "ref_ent"]
     full = {k: torch.zeros(B, T) for k in out_names}
     boot = torch.zeros(B)
     logits_all = None
@@ -118,9 +119,12 @@ def score(
             full["ref"][rows, 1:n] = ref_chosen.cpu()
             if "ref_free_energy" in extras:
                 put("ref_free", rows, -ref_lse)
-            if "kl_ref" in extras:
+            if extras & {"kl_ref", "ref_entropy"}:
                 ref_logp = ref_logits - ref_lse[..., None]
+            if "kl_ref" in extras:
                 put("kl", rows, (logp.exp() * (logp - ref_logp)).sum(-1))
+            if "ref_entropy" in extras:
+                put("ref_ent", rows, -(ref_logp.exp() * ref_logp).sum(-1))
     return Scored(
         logprobs=full["logprobs"],
         ref_logprobs=full["ref"] if ref is not None else full["logprobs"].clone(),
@@ -132,5 +136,6 @@ def score(
         ref_free_energy=full["ref_free"]
         if ref is not None and "ref_free_energy" in extras
         else None,
+        ref_entropy=full["ref_ent"] if ref is not None and "ref_entropy" in extras else None,
         logits=logits_all,
     )
