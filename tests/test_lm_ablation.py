@@ -240,3 +240,42 @@ def test_study_report_intervals_drop_and_the_papers_diagnostic(tmp_path):
     )
     assert energy[3].startswith("| sokoban | ppo | 3 | 32 | +0.100 ± 0.100 (0/3) |")
     assert energy[4].startswith("| sokoban | actfocus-ppo | 3 | 32 | +0.400 ± 0.100 (2/3) |")
+
+
+def test_the_sokoban_study_plans_the_presets_at_the_papers_scale(tmp_path):
+    """configs/actfocus-sokoban.yaml plans, for every variant, exactly the run of the preset
+    it names with the study's flags (`tokenergy train configs/sokoban-<algo>.yaml
+    --rollout.episodes 128 --algo.iterations 200 --algo.lr_final 0 --eval.every 20 ...`), the
+    sweeps differing from ActFocus-GRPO in the one field they sweep."""
+    from tokenergy.config import config_to_dict, load_config
+
+    base = load_config("configs/actfocus-sokoban.yaml")
+    _, rl = plan_lm_ablation(base, 1, tmp_path)
+    scale = {"rollout.episodes": 128, "algo.iterations": 200, "algo.lr_final": 0.0,
+             "eval.every": 20, "sft.episodes": 0}  # fmt: skip
+    af = {"energy.weighting": "actfocus", "algo.loss_normalize": "weights"}
+    want = {
+        "ppo": ("ppo", {}),
+        "grpo": ("grpo", {}),
+        "actfocus-ppo": ("ppo", af),
+        "actfocus-grpo": ("grpo", af),
+        "af-grpo-beta0": ("grpo", {**af, "energy.beta": 0.0}),
+        "af-grpo-beta1": ("grpo", {**af, "energy.beta": 1.0}),
+        "af-grpo-beta2": ("grpo", {**af, "energy.beta": 2.0}),
+        "af-grpo-ref-entropy": ("grpo", {**af, "energy.source": "ref_entropy"}),
+        "af-grpo-logprob-shift": ("grpo", {**af, "energy.source": "logprob_shift"}),
+        "af-grpo-policy-nll": ("grpo", {**af, "energy.source": "surprisal"}),
+        "af-grpo-alpha0.5": ("grpo", {**af, "energy.alpha": 0.5}),
+        "af-grpo-alpha1": ("grpo", {**af, "energy.alpha": 1.0}),
+    }
+    assert [s.variant.split("/")[1] for s in rl] == list(want)
+    for spec in rl:
+        algo, over = want[spec.variant.split("/")[1]]
+        preset = apply_overrides(
+            load_config(f"configs/sokoban-{algo}.yaml"),
+            {**scale, **over, "model.path": spec.cfg.model.path},
+        )
+        got, expected = config_to_dict(spec.cfg), config_to_dict(preset)
+        for key in ("name", "log", "ablation"):
+            got.pop(key), expected.pop(key)
+        assert got == expected, spec.variant
