@@ -240,6 +240,13 @@ def test_study_report_intervals_drop_and_the_papers_diagnostic(tmp_path):
     )
     assert energy[3].startswith("| sokoban | ppo | 3 | 32 | +0.100 ± 0.100 (0/3) |")
     assert energy[4].startswith("| sokoban | actfocus-ppo | 3 | 32 | +0.400 ± 0.100 (2/3) |")
+    # a seed one variant alone has finished is left out of the pairs
+    _fake_run(root / "sokoban" / "ppo" / "seed_3", [0.3, 0.9])
+    write_lm_ablation_report(root)
+    assert (
+        "sokoban +3.3 ± 7.6, 95% CI -15.6 to +22.3 (2/3 seeds)"
+        in (folder / "report.md").read_text()
+    )
 
 
 def test_the_sokoban_study_plans_the_presets_at_the_papers_scale(tmp_path):

@@ -344,7 +344,7 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     out = root / "report"
     out.mkdir(exist_ok=True)
     header = ["variant", *envs]
-    table, finals = _success_table(runs, envs, variants, metric, lambda ev: ev[-1][1])
+    table, _ = _success_table(runs, envs, variants, metric, lambda ev: ev[-1][1])
     peak_table, _ = _success_table(runs, envs, variants, metric, lambda ev: max(v for _, v in ev))
     drop_table, _ = _success_table(
         runs, envs, variants, metric, lambda ev: max(v for _, v in ev) - ev[-1][1]
@@ -356,7 +356,16 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         rows, _ = _success_table(runs, envs, variants, key, lambda ev: ev[-1][1])
         if any(cell != "—" for row in rows for cell in row[1:]):
             extra += f"Final-step `{key}` ({what}):\n\n{_markdown(header, rows)}\n\n"
-    deltas = _paired_deltas(finals, envs, variants)
+    by_seed = {
+        (env, variant): {
+            run_dir.name: ev[-1][1]
+            for rows, run_dir in zip(runs[env][variant], dirs[env][variant], strict=True)
+            if (ev := _evals(rows, metric))
+        }
+        for env in runs
+        for variant in runs[env]
+    }
+    deltas = _paired_deltas(by_seed, envs, variants)
     curves_png = _success_curves(runs, envs, variants, metric, out / "curves.png")
     diag_png, diag_md = _diagnostic_section(runs, envs, variants, out / "diagnose.png")
     energy_md = _energy_diagnostic_section(runs, dirs, envs, variants)
@@ -364,6 +373,8 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     token_links = []
     for env in envs:
         for variant in [v for v in ("ppo", "actfocus-ppo", "actfocus") if v in variants]:
+            if not (root / env / variant / "seed_0" / "agent").is_dir():
+                continue  # not finished
             page = write_token_report(root / env / variant / "seed_0")
             if page is not None:
                 token_links.append((f"{env} / {variant}", page.relative_to(root)))
@@ -377,8 +388,12 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         "Peak-to-final drop (peak minus final, per run):\n\n"
         f"{_markdown(header, drop_table[1:])}\n\n{extra}"
         "![success curves](curves.png)\n\n"
-        "Action-bottleneck diagnostic (mean over evaluations and seeds):\n\n"
-        f"{diag_md}\n\n![diagnostic](diagnose.png)\n\n"
+        + (
+            "Action-bottleneck diagnostic (mean over evaluations and seeds):\n\n"
+            f"{diag_md}\n\n![diagnostic](diagnose.png)\n\n"
+            if diag_md
+            else ""
+        )
         + (
             "The ActFocus paper's diagnostic at the SFT start and at the final agents "
             "(Spearman's rho between the groups' return std and their mean energy; mean ± std "
@@ -427,17 +442,19 @@ def _success_table(runs, envs, variants, metric, pick) -> tuple[list[list[str]],
     return table, values
 
 
-def _paired_deltas(finals: dict, envs: list[str], variants: list[str]) -> list[str]:
+def _paired_deltas(by_seed: dict, envs: list[str], variants: list[str]) -> list[str]:
     """The differences of the compared variants in points, paired by seed (both variants of a
-    seed start from the same SFT agent): mean ± std, the 95% t interval of the mean, and the
-    seeds on which the first variant is ahead."""
+    seed start from the same SFT agent) over the seeds both have finished: mean ± std, the 95%
+    t interval of the mean, and the seeds on which the first variant is ahead. ``by_seed``
+    maps ``(env, variant)`` to ``{seed folder: final value}``."""
 
     def delta(a: str, b: str) -> str:
         parts = []
         for env in envs:
-            x, y = finals.get((env, a), []), finals.get((env, b), [])
-            if x and y and len(x) == len(y):
-                d = [100 * (p - q) for p, q in zip(x, y, strict=True)]
+            x, y = by_seed.get((env, a), {}), by_seed.get((env, b), {})
+            common = sorted(set(x) & set(y))
+            if common:
+                d = [100 * (x[k] - y[k]) for k in common]
                 sd = statistics.stdev(d) if len(d) > 1 else 0.0
                 mean, half = mean_interval(d)
                 ci = (
