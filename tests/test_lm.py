@@ -628,3 +628,19 @@ def test_the_papers_signal_ablation_sources_drive_actfocus(source):
     row = train_lm(cfg).history[-1]
     assert math.isfinite(row["loss/policy"])
     assert 1.0 <= row["weights/max"] <= 1.5 + 1e-6
+
+
+def test_the_committed_demo_agent_reads_its_room():
+    """`make demo` starts from agents/sokoban-sft: greedy on 24 held-out rooms its scratchpad
+    states the player, box and target exactly (the SFT agent sees; docs/results/perception.md),
+    and it solves some rooms and not all (RL has room)."""
+    from tokenergy.config import load_config
+    from tokenergy.models import load_agent
+    from tokenergy.rollout.episodes import evaluate
+
+    cfg = load_config("configs/demo.yaml")
+    assert cfg.model.path == "agents/sokoban-sft" and cfg.sft.episodes == 0
+    ev = evaluate(load_agent(cfg.model.path), cfg, episodes=24, temperature=0.0, maps=0)
+    assert ev["eval/state_exact"] >= 0.95
+    assert ev["eval/invalid_rate"] == 0.0
+    assert 0.1 <= ev["eval/success"] <= 0.8
