@@ -199,8 +199,8 @@ def _diag(rho_action, p_action, share=0.1):
         "diag/energy_p_action": p_action,
         "diag/energy_spearman_reasoning": 0.0,
         "diag/energy_p_reasoning": 1.0,
-        "diag/energy_spearman_all": float("nan"),
-        "diag/energy_p_all": float("nan"),
+        "diag/energy_spearman_all": None,  # NaN, as metrics.jsonl writes it
+        "diag/energy_p_all": None,
     }
 
 

@@ -561,9 +561,12 @@ def _energy_diagnostic_section(runs, dirs, envs, variants) -> str:
     and the action tokens' share."""
 
     def cell(diags: list[dict[str, Any]], part: str) -> str:
-        rhos = [d[f"diag/energy_spearman_{part}"] for d in diags]
-        ps = [d[f"diag/energy_p_{part}"] for d in diags]
-        kept = [(r, p) for r, p in zip(rhos, ps, strict=True) if not math.isnan(r)]
+        rhos = [d.get(f"diag/energy_spearman_{part}") for d in diags]
+        ps = [d.get(f"diag/energy_p_{part}") for d in diags]
+        # a rho that could not be taken is NaN, or null once written to metrics.jsonl
+        kept = [
+            (r, p) for r, p in zip(rhos, ps, strict=True) if r is not None and not math.isnan(r)
+        ]
         if not kept:
             return "—"
         mean = statistics.mean(r for r, _ in kept)
