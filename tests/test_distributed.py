@@ -128,7 +128,7 @@ def _train(args: list[str], out: Path, launcher, threads: int = 2) -> None:
             [*cmd, "--out", str(out), *args, *(["--overwrite"] if attempt else [])],
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=600,  # a hang guard: beside training runs on 2 cores a run takes minutes
             env={**os.environ, "OMP_NUM_THREADS": str(threads)},
         )
         if res.returncode == 0 or not any(m in res.stderr for m in _NETWORK):
@@ -165,7 +165,7 @@ def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path
     env += " --algo.critic_warmup_iters 0"  # the preset's warm-up would hold the policy still
     base = shlex.split(f"{env} --sft.episodes 256 --sft.epochs 8 --sft.batch_size 16 --sft.lr 0.01")
     base += shlex.split("--algo.iterations 1 --rollout.episodes 8 --eval.episodes 4")
-    _train(base, tmp_path / "base", lambda: [sys.executable])
+    _train(base, tmp_path / "base", lambda: [sys.executable], threads=1)  # the common start
     args = shlex.split(
         f"{env} --model.path {tmp_path / 'base' / 'agent'} "
         "--sft.episodes 16 --sft.epochs 1 --sft.batch_size 16 --sft.epsilon 0 "
