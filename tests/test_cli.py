@@ -120,7 +120,7 @@ def test_ablate_then_report(tmp_path):
         "--seeds",
         "2",
         "--jobs",
-        "1",
+        "2",  # the process pool, its progress queue and its workers' exit-with-parent watch
         "--out",
         str(out),
         *TINY,

@@ -11,7 +11,10 @@ import concurrent.futures as cf
 import fnmatch
 import json
 import multiprocessing as mp
+import os
 import queue as queue_mod
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -266,6 +269,28 @@ def _worker(spec: RunSpec, q: Any, start: tuple[Path, int] | None = None) -> str
     return spec.label
 
 
+_POOL_QUEUE: Any = None  # a pool worker's progress queue (set by _init_pool_worker)
+
+
+def _init_pool_worker(q: Any, parent: int) -> None:
+    """Set up a pool worker: the queue its progress goes to, and a watch that ends it when
+    the process that started the pool is gone (killed by a signal, its workers would otherwise
+    train on as orphans)."""
+    global _POOL_QUEUE
+    _POOL_QUEUE = q
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def _pool_worker(spec: RunSpec, start: tuple[Path, int] | None) -> str:
+    return _worker(spec, _POOL_QUEUE, start)
+
+
 def run_ablation(
     base: RunConfig,
     seeds: int,
@@ -401,17 +426,17 @@ def _run_specs(
                 _worker(spec, immediate, starts[spec.label])
         else:
             ctx = mp.get_context("spawn")
-            with ctx.Manager() as manager:
-                q = manager.Queue()
-                with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=ctx) as pool:
-                    futures = [pool.submit(_worker, spec, q, starts[spec.label]) for spec in specs]
-                    pending = set(futures)
-                    while pending:
-                        done, pending = cf.wait(pending, timeout=0.2)
-                        drain(q)
-                        for fut in done:
-                            fut.result()  # re-raise a worker's error here
+            q = ctx.Queue()
+            init = (_init_pool_worker, (q, os.getpid()))
+            with cf.ProcessPoolExecutor(jobs, ctx, initializer=init[0], initargs=init[1]) as pool:
+                futures = [pool.submit(_pool_worker, spec, starts[spec.label]) for spec in specs]
+                pending = set(futures)
+                while pending:
+                    done, pending = cf.wait(pending, timeout=0.2)
                     drain(q)
+                    for fut in done:
+                        fut.result()  # re-raise a worker's error here
+                drain(q)
 
 
 class _Immediate:
