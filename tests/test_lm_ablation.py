@@ -240,6 +240,14 @@ def test_study_report_intervals_drop_and_the_papers_diagnostic(tmp_path):
     )
     assert energy[3].startswith("| sokoban | ppo | 3 | 32 | +0.100 ± 0.100 (0/3) |")
     assert energy[4].startswith("| sokoban | actfocus-ppo | 3 | 32 | +0.400 ± 0.100 (2/3) |")
+    # the starts come from the first variant with finished runs
+    import shutil
+
+    shutil.rmtree(root / "sokoban" / "ppo")
+    _, md = write_lm_ablation_report(root)
+    assert "| SFT start | 0.300 ± 0.000 |" in md
+    for k in range(3):
+        _fake_run(root / "sokoban" / "ppo" / f"seed_{k}", ppo[k], diag=_diag(0.1 * k, 0.5))
     # a seed one variant alone has finished is left out of the pairs
     _fake_run(root / "sokoban" / "ppo" / "seed_3", [0.3, 0.9])
     write_lm_ablation_report(root)

@@ -424,11 +424,11 @@ def _success_table(runs, envs, variants, metric, pick) -> tuple[list[list[str]],
     table, values = [], {}
     start_row = ["SFT start"]
     for env in envs:
-        starts = [
-            ev[0][1]
-            for rows in runs.get(env, {}).get(variants[0], [])
-            if (ev := _evals(rows, metric))
-        ]
+        # every variant of a seed starts from the same agent: the first variant with finished
+        # runs gives the starts
+        done = [v for v in variants if runs.get(env, {}).get(v)]
+        first = runs[env][done[0]] if done else []
+        starts = [ev[0][1] for rows in first if (ev := _evals(rows, metric))]
         start_row.append(_mean_std(starts))
     table.append(start_row)
     for variant in variants:
