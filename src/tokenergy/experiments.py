@@ -427,8 +427,9 @@ def _run_specs(
         else:
             ctx = mp.get_context("spawn")
             q = ctx.Queue()
-            init = (_init_pool_worker, (q, os.getpid()))
-            with cf.ProcessPoolExecutor(jobs, ctx, initializer=init[0], initargs=init[1]) as pool:
+            with cf.ProcessPoolExecutor(
+                jobs, ctx, initializer=_init_pool_worker, initargs=(q, os.getpid())
+            ) as pool:
                 futures = [pool.submit(_pool_worker, spec, starts[spec.label]) for spec in specs]
                 pending = set(futures)
                 while pending:

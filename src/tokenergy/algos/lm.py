@@ -36,6 +36,7 @@ import torch
 from tokenergy.advantages import ALGORITHMS, high_variance_groups, shuffled_returns
 from tokenergy.algos.minibatches import RATIO_CAPPED, SKIPPED, minibatch_epochs
 from tokenergy.config import LMRunConfig
+from tokenergy.config.lm import REFERENCE_ONLY_SOURCES
 from tokenergy.distributed import Parallel
 from tokenergy.energy import energy_prior_kl
 from tokenergy.losses import kl_estimate, ppo_policy_loss, value_loss
@@ -326,7 +327,7 @@ def reuses_update_logprobs(cfg: LMRunConfig) -> bool:
         and a.minibatches == 1
         and a.name != "ppo"
         and not (a.kl_in == "reward" and (a.kl_coef > 0 or a.kl_target))
-        and cfg.energy.source in ("ref_surprisal", "ref_free_energy", "ref_entropy")
+        and cfg.energy.source in REFERENCE_ONLY_SOURCES
     )
 
 

@@ -364,6 +364,11 @@ class AlgoConfig:
             )
 
 
+# Energy sources that read the frozen reference: from it alone, and with the policy as well.
+REFERENCE_ONLY_SOURCES = ("ref_surprisal", "ref_free_energy", "ref_entropy")
+REFERENCE_SOURCES = (*REFERENCE_ONLY_SOURCES, "kl_ref", "logprob_shift")
+
+
 @dataclass
 class TokenEnergyConfig:
     """Per-token energy for LM agents and its uses: loss weights, shaped reward, prior."""
@@ -457,13 +462,7 @@ class TokenEnergyConfig:
 
     @property
     def reads_reference(self) -> bool:
-        return self.source in (
-            "ref_surprisal",
-            "kl_ref",
-            "ref_free_energy",
-            "ref_entropy",
-            "logprob_shift",
-        )
+        return self.source in REFERENCE_SOURCES
 
     @property
     def needs_reference(self) -> bool:

@@ -20,6 +20,7 @@ tokens) is what ActFocus up-weights.
 from __future__ import annotations
 
 import math
+import statistics
 
 import torch
 
@@ -157,8 +158,7 @@ def mean_interval(values: list[float], level: float = 0.95) -> tuple[float, floa
     mean = sum(values) / n
     if n == 1:
         return mean, math.nan
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    return mean, t_critical(n - 1, level) * sd / math.sqrt(n)
+    return mean, t_critical(n - 1, level) * statistics.stdev(values) / math.sqrt(n)
 
 
 def _ranks(x: torch.Tensor) -> torch.Tensor:

@@ -62,8 +62,8 @@ def score(
     Besides what the update needs it keeps the entropy and, when ``extras`` names them, the
     other per-token quantities energy sources read: ``free_energy``, ``ref_free_energy`` (the
     frozen reference's, the ActFocus paper's energy, from the reference pass that runs anyway),
-    ``ref_entropy`` (the reference's entropy, from the same pass) and ``kl_ref`` (the exact KL to the reference, a second softmax over the vocabulary), all
-    shifted to the chosen token.
+    ``ref_entropy`` (the reference's entropy, from the same pass) and ``kl_ref`` (the exact KL
+    to the reference, a second softmax over the vocabulary), all shifted to the chosen token.
 
     With ``policy=False`` only the reference runs: the policy's log-probs, entropy and values
     stay zero for the caller to fill (a trainer whose one update reads the whole batch once
