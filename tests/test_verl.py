@@ -13,6 +13,7 @@ from tokenergy.envs import make
 from tokenergy.integrations.verl import (
     AGENT_NAME,
     actfocus_advantage_scale,
+    actfocus_energy,
     actfocus_settings,
     play_episode,
     response_roles,
@@ -154,29 +155,31 @@ def test_a_fresh_process_that_imports_verl_has_the_loop():
 
 @pytest.mark.skipif(not HAS_VERL, reason="verl is not installed (make verl)")
 def test_a_ray_worker_that_imports_verl_has_the_loop_and_the_trainer():
-    """verl builds its trainer (TaskRunner) and agent loops inside Ray actors: there the
-    plug-in must be registered by ``import verl`` alone."""
+    """verl builds its trainer (TaskRunner), agent loops and engines inside Ray actors: there
+    the plug-in must be registered, and the FSDP engine patched, by ``import verl`` alone."""
     import ray
 
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
     try:
 
         @ray.remote
-        def registered() -> tuple[bool, str]:
+        def registered() -> tuple[bool, str, bool]:
             import verl  # noqa: F401  (loads the verl.plugins entry points)
             from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+            from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
             names = ""
             if importlib.util.find_spec("transfer_queue") is not None:
                 from verl.trainer.ppo.v1 import get_trainer_cls
 
                 names = get_trainer_cls("actfocus").__name__
-            return AGENT_NAME in _agent_loop_registry, names
+            patched = FSDPEngineWithLMHead.prepare_model_outputs
+            return AGENT_NAME in _agent_loop_registry, names, patched.tokenergy_free_energy
 
-        loop, trainer = ray.get(registered.remote(), timeout=900)  # a cold import of verl is slow
+        loop, trainer, patched = ray.get(registered.remote(), timeout=900)  # a cold import is slow
     finally:
         ray.shutdown()
-    assert loop
+    assert loop and patched
     assert trainer == ("ActFocusTrainer" if HAS_TRAINER else "")
 
 
@@ -234,6 +237,11 @@ def test_actfocus_settings_defaults_and_errors():
         actfocus_settings({"actfocus": {"alpha": 2}})
     with pytest.raises(ValueError, match="unknown"):
         actfocus_settings({"actfocus": {"gamma": 2}})
+    assert actfocus_settings({"actfocus": {"energy": "ref_surprisal"}})["alpha"] == 0.1
+    assert actfocus_energy({}) == "ref_free_energy"
+    assert actfocus_energy({"actfocus": {"energy": "ref_surprisal"}}) == "ref_surprisal"
+    with pytest.raises(ValueError, match="energy"):
+        actfocus_energy({"actfocus": {"energy": "policy_nll"}})
 
 
 def _verl_batch(tok):
@@ -266,7 +274,7 @@ def _paper_case(seed: int):
     tok = build_tokenizer()
     responses, mask, ref_lp, adv, roles, lengths = _verl_batch(tok)
     settings = {"alpha": 0.1, "beta": 0.5, "format_weight": 1.0}
-    scaled, metrics = scale_batch_advantages(tok, responses, mask, ref_lp, adv, settings)
+    scaled, metrics = scale_batch_advantages(tok, responses, mask, -ref_lp, adv, settings)
     w = actfocus_weights(roles, -ref_lp, mask.bool(), 0.1, 0.5)
     gen = torch.Generator().manual_seed(seed)
     old = -torch.rand(mask.shape, generator=gen)
@@ -298,13 +306,40 @@ def test_scaled_advantages_give_the_papers_loss_through_a_token_mean():
         assert float(verl_loss) == pytest.approx(float(paper), rel=1e-5)
 
 
-@pytest.mark.skipif(not HAS_TRAINER, reason="verl's v1 trainer is not installed (make verl)")
-def test_the_actfocus_trainer_scales_the_advantages_verl_stores(monkeypatch):
-    """``trainer.v1.trainer_mode=actfocus`` resolves to our trainer; after verl's advantages it
-    stores them times the ActFocus scale of the batch (TransferQueue replaced by a dict)."""
-    from omegaconf import OmegaConf
+def _fake_queue(monkeypatch, plug, store):
+    """TransferQueue replaced by the dict ``store`` of nested tensors."""
     from tensordict import TensorDict
     from transfer_queue import KVBatchMeta
+
+    def meta(keys, fields=None):
+        return KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train",
+                           fields=fields)  # fmt: skip
+
+    def kv_batch_get(keys, partition_id, select_fields=None):
+        got = {f: store[f] for f in select_fields if f in store}
+        return TensorDict(got, batch_size=[len(keys)])
+
+    def kv_batch_put(keys, partition_id, fields=None, tags=None, data_parser=None):
+        store.update(dict(fields.items()))
+        return meta(keys, sorted(store))
+
+    monkeypatch.setattr(plug.tq, "kv_batch_get", kv_batch_get)
+    monkeypatch.setattr(plug.tq, "kv_batch_put", kv_batch_put)
+    return meta
+
+
+def _nested(x, lengths):
+    return torch.nested.as_nested_tensor([x[i, :n] for i, n in enumerate(lengths)],
+                                         layout=torch.jagged)  # fmt: skip
+
+
+@pytest.mark.skipif(not HAS_TRAINER, reason="verl's v1 trainer is not installed (make verl)")
+@pytest.mark.parametrize("energy", ["ref_free_energy", "ref_surprisal"])
+def test_the_actfocus_trainer_scales_the_advantages_verl_stores(monkeypatch, energy):
+    """``trainer.v1.trainer_mode=actfocus`` resolves to our trainer; after verl's advantages it
+    stores them times the ActFocus scale of the batch, with the energy the setting names
+    (TransferQueue replaced by a dict)."""
+    from omegaconf import OmegaConf
     from verl.trainer.ppo.v1 import get_trainer_cls
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
@@ -313,40 +348,140 @@ def test_the_actfocus_trainer_scales_the_advantages_verl_stores(monkeypatch):
     assert get_trainer_cls("actfocus") is plug.ActFocusTrainer
     tok = build_tokenizer()
     responses, mask, ref_lp, adv, roles, lengths = _verl_batch(tok)
-
-    def nested(x):
-        return torch.nested.as_nested_tensor([x[i, :n] for i, n in enumerate(lengths)],
-                                             layout=torch.jagged)  # fmt: skip
-
-    store = {"responses": nested(responses), "response_mask": nested(mask),
-             "ref_log_prob": nested(ref_lp), "advantages": nested(adv)}  # fmt: skip
-
-    def kv_batch_get(keys, partition_id, select_fields=None):
-        got = {f: store[f] for f in select_fields if f in store}
-        return TensorDict(got, batch_size=[len(keys)])
-
-    def kv_batch_put(keys, partition_id, fields=None, tags=None, data_parser=None):
-        store.update(dict(fields.items()))
-        return meta(keys)
-
-    def meta(keys):
-        return KVBatchMeta(keys=keys, tags=[{} for _ in keys], partition_id="train")
-
-    monkeypatch.setattr(plug.tq, "kv_batch_get", kv_batch_get)
-    monkeypatch.setattr(plug.tq, "kv_batch_put", kv_batch_put)
+    free = (-3.0 - torch.rand(mask.shape, generator=torch.Generator().manual_seed(5))) * mask
+    store = {k: _nested(v, lengths) for k, v in {
+        "responses": responses, "response_mask": mask, "ref_log_prob": ref_lp,
+        "ref_free_energy": free, "advantages": adv}.items()}  # fmt: skip
+    meta = _fake_queue(monkeypatch, plug, store)
     # verl's own advantage step is what the store already holds
     monkeypatch.setattr(PPOTrainerSync, "_compute_advantage", lambda self, batch, metrics: batch)
     trainer = object.__new__(plug.ActFocusTrainer)
     trainer.tokenizer = tok
-    trainer.config = OmegaConf.create({"algorithm": {"actfocus": {"beta": 1.0}}})
+    trainer.config = OmegaConf.create({"algorithm": {"actfocus": {"beta": 1.0, "energy": energy}}})
     metrics = {}
     trainer._compute_advantage(meta(["u0_0_0", "u1_0_0"]), metrics)
-    want = adv * actfocus_advantage_scale(roles, -ref_lp, mask.bool(), 0.1, 1.0)
+    e = free if energy == "ref_free_energy" else -ref_lp
+    want = adv * actfocus_advantage_scale(roles, e, mask.bool(), 0.1, 1.0)
     assert torch.allclose(store["advantages"].to_padded_tensor(0.0), want[:, : max(lengths)])
     assert 0 < metrics["actfocus/action_share"] < 0.2
-    del store["ref_log_prob"]
+    del store["ref_free_energy"], store["ref_log_prob"]
     with pytest.raises(ValueError, match="use_kl_loss"):
         trainer._compute_advantage(meta(["u0_0_0", "u1_0_0"]), {})
+
+
+@pytest.mark.skipif(not HAS_TRAINER, reason="verl's v1 trainer is not installed (make verl)")
+@pytest.mark.parametrize("ref_in_actor", [False, True])
+def test_the_reference_step_stores_the_free_energy_and_keeps_the_actors_entropy(
+    monkeypatch, ref_in_actor
+):
+    """The reference worker is called with the free-energy flag (and only that call: the flag is
+    gone after it); what it returns in the entropy's place is stored over the response as
+    ``ref_free_energy``, its log-probs as ``ref_log_prob``, and the actor's entropy stays."""
+    from omegaconf import OmegaConf
+
+    import tokenergy.integrations.verl as plug
+
+    prompt_len, lengths = [3, 2], [4, 6]
+    full = [p + n for p, n in zip(prompt_len, lengths, strict=True)]
+    gen = torch.Generator().manual_seed(0)
+    seq_lp = [-torch.rand(n, generator=gen) for n in full]
+    seq_free = [-5 - torch.rand(n, generator=gen) for n in full]
+    actor_entropy = torch.rand(2, 6, generator=gen)
+    resp_mask = torch.tensor([[1, 1, 0, 1, 0, 0], [1, 1, 1, 0, 1, 1]])
+    store = {"response_mask": _nested(resp_mask, lengths),
+             "entropy": _nested(actor_entropy, lengths)}  # fmt: skip
+    meta = _fake_queue(monkeypatch, plug, store)
+    seen = []
+
+    class Workers:
+        def _call(self, batch):
+            seen.append(dict(batch.extra_info))
+            store["log_probs"] = torch.nested.as_nested_tensor(seq_lp, layout=torch.jagged)
+            store["entropy"] = torch.nested.as_nested_tensor(seq_free, layout=torch.jagged)
+            return batch
+
+        compute_ref_log_prob = compute_log_prob = _call
+
+    trainer = object.__new__(plug.ActFocusTrainer)
+    trainer.config = OmegaConf.create(
+        {"algorithm": {}, "actor_rollout_ref": {"rollout": {"temperature": 1.0}}}
+    )
+    trainer.ref_in_actor = ref_in_actor
+    trainer.ref_policy_wg = trainer.actor_rollout_wg = Workers()
+    batch = meta(["a", "b"], sorted(store))
+    trainer._compute_ref_log_prob(batch, {})
+    assert seen[0][plug.FREE_ENERGY_FLAG] and seen[0]["calculate_entropy"]
+    assert seen[0].get("no_lora_adapter", False) == ref_in_actor
+    assert (
+        plug.FREE_ENERGY_FLAG not in batch.extra_info and not batch.extra_info["calculate_entropy"]
+    )
+    for i, (p, n) in enumerate(zip(prompt_len, lengths, strict=True)):
+        # the response's values of a whole-sequence output: positions p-1 .. p+n-2 (shifted)
+        assert torch.allclose(store["ref_free_energy"][i], seq_free[i][p - 1 : p + n - 1])
+        assert torch.allclose(store["ref_log_prob"][i], seq_lp[i][p - 1 : p + n - 1])
+        assert torch.equal(store["entropy"][i], actor_entropy[i, :n])
+
+
+def _engine_case(remove_padding: bool, flag: bool, fused: bool = False):
+    """verl's FSDP engine's ``prepare_model_outputs`` (patched by the plug-in) on two sequences
+    of random logits, with the engine's state it reads and nothing else; the output and the
+    logits of each sequence's tokens."""
+    from types import SimpleNamespace
+
+    import verl.utils.torch_functional as verl_F
+    from tensordict import TensorDict
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+
+    import tokenergy.integrations.verl as plug
+
+    gen = torch.Generator().manual_seed(1)
+    lengths, V = [5, 3], 11
+    ids = [torch.randint(V, (n,), generator=gen) for n in lengths]
+    rows = [3 * torch.randn(n, V, generator=gen) for n in lengths]
+    engine = object.__new__(FSDPEngineWithLMHead)
+    engine.engine_config = SimpleNamespace(entropy_checkpointing=False,
+                                           entropy_from_logits_with_chunking=False)  # fmt: skip
+    engine.compute_entropy_from_logits = verl_F.entropy_from_logits
+    engine.use_ulysses_sp = False
+    micro = TensorDict({"input_ids": torch.nested.as_nested_tensor(ids, layout=torch.jagged)},
+                       batch_size=[2])  # fmt: skip
+    tu.assign_non_tensor(micro, use_remove_padding=remove_padding, use_fused_kernels=fused,
+                         calculate_entropy=True, **{plug.FREE_ENERGY_FLAG: flag})  # fmt: skip
+    rolled = torch.cat([torch.roll(i, -1) for i in ids])
+    args = {"input_ids_rmpad_rolled": rolled, "temperature_is_one": True, "pad_size": 0,
+            "temperature_rmpad": torch.ones(sum(lengths)), "temperature": torch.ones(2)}  # fmt: skip
+    if remove_padding:
+        logits = torch.cat(rows)[None]
+    else:
+        logits = torch.zeros(2, max(lengths), V)
+        for i, r in enumerate(rows):
+            logits[i, : len(r)] = r
+    out = engine.prepare_model_outputs(SimpleNamespace(logits=logits), args, micro, None)
+    return engine, out, rows, ids, verl_F
+
+
+@pytest.mark.skipif(not HAS_VERL, reason="verl is not installed (make verl)")
+@pytest.mark.parametrize("remove_padding", [True, False])
+def test_the_patched_engine_returns_the_free_energy_for_a_flagged_batch(remove_padding):
+    """Flagged, verl's own output code gives -logsumexp of each position's logits where it
+    gives the entropy (the log-probs unchanged); unflagged, the entropy; either way the
+    engine's entropy function is its own again after the call."""
+    import tokenergy.integrations.verl as plug
+
+    for flag in (True, False):
+        engine, out, rows, ids, verl_F = _engine_case(remove_padding, flag)
+        for i, (r, t) in enumerate(zip(rows, ids, strict=True)):
+            logp = torch.log_softmax(r, -1)
+            want = -torch.logsumexp(r, -1) if flag else -(logp.exp() * logp).sum(-1)
+            assert torch.allclose(out["entropy"][i], want, atol=1e-5)
+            nxt = torch.roll(t, -1)
+            assert torch.allclose(out["log_probs"][i], logp.gather(-1, nxt[:, None])[:, 0],
+                                  atol=1e-5)  # fmt: skip
+        assert engine.compute_entropy_from_logits is verl_F.entropy_from_logits
+        assert verl_F.entropy_from_logits is not plug.negative_logsumexp
+    with pytest.raises(ValueError, match="fused"):
+        _engine_case(remove_padding, True, fused=True)
 
 
 def _script_overrides(name: str, *args: str) -> list[str]:

@@ -25,13 +25,18 @@ loss of ``w * A`` is ``w`` times the clipped loss of ``A``, so verl's own policy
 ``token-mean`` then computes the paper's ``sum(w * l) / sum(w)``, with the sums over the whole
 batch of the iteration (our own trainer divides within each minibatch; the two differ only
 when minibatches differ in their mean weight).
-The energy is the reference's surprisal of the sampled token, ``-log pi_ref(y_t)``: verl's
-reference worker returns that log-probability and not the logits' logsumexp of the paper's free
-energy, which would need an extension of verl's training engine (docs/scaling.md).
+The energy is the paper's free energy of the frozen reference, ``-logsumexp_v f_ref[t, v]``,
+from the reference pass verl runs anyway: the trainer asks the reference worker for its
+"entropy" with a flag (:data:`FREE_ENERGY_FLAG`) under which verl's FSDP engine, patched when
+this module is imported (every Ray worker imports it through the ``verl.plugins`` entry point),
+computes ``-logsumexp`` of the logits in the entropy's place (:func:`free_energy_outputs`).
+``+algorithm.actfocus.energy=ref_surprisal`` takes ``-log pi_ref(y_t)`` from the reference's
+log-probs instead, with no patch involved.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -47,10 +52,15 @@ from tokenergy.types import Role
 
 __all__ = [
     "AGENT_NAME",
+    "ENERGIES",
+    "FREE_ENERGY_FLAG",
     "TRAINER_NAME",
     "EpisodeTokens",
     "actfocus_advantage_scale",
+    "actfocus_energy",
     "actfocus_settings",
+    "free_energy_outputs",
+    "negative_logsumexp",
     "play_episode",
     "response_roles",
     "scale_batch_advantages",
@@ -61,6 +71,10 @@ AGENT_NAME = "tokenergy_text_env"
 TRAINER_NAME = "actfocus"
 END_OF_TURN = "</answer>"
 TAG = re.compile(r"</?(?:think|answer)>")
+# the energies ActFocus can read in verl: the paper's (the default) and the reference surprisal
+ENERGIES = ("ref_free_energy", "ref_surprisal")
+# a micro-batch flag under which the patched FSDP engine returns -logsumexp as its "entropy"
+FREE_ENERGY_FLAG = "tokenergy_free_energy"
 
 # generate(prompt_ids, sampling_params) -> (new token ids, their log-probs or None)
 Generate = Callable[[list[int], dict[str, Any]], Awaitable[tuple[list[int], list[float] | None]]]
@@ -258,7 +272,7 @@ try:  # verl's v1 trainer needs its TransferQueue (requirements-verl.txt)
     from tensordict import TensorDict
     from verl.trainer.ppo.v1.trainer_base import register_trainer
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-    from verl.workers.utils.padding import response_to_nested
+    from verl.workers.utils.padding import response_from_nested, response_to_nested
 except ImportError:
     PPOTrainerSync = None
 
@@ -266,11 +280,13 @@ except ImportError:
 def actfocus_settings(algorithm_config) -> dict[str, float]:
     """``alpha``, ``beta`` and ``format_weight`` from ``algorithm.actfocus`` of a verl config
     (``+algorithm.actfocus.alpha=0.1`` on verl's command line), the paper's values by default;
-    a value out of range is a ``ValueError`` naming it."""
+    a value out of range is a ``ValueError`` naming it. ``energy`` is read by
+    :func:`actfocus_energy`."""
     given = dict((algorithm_config or {}).get("actfocus") or {})
-    unknown = set(given) - {"alpha", "beta", "format_weight"}
+    unknown = set(given) - {"alpha", "beta", "format_weight", "energy"}
     if unknown:
         raise ValueError(f"algorithm.actfocus: unknown field(s) {sorted(unknown)}")
+    given.pop("energy", None)
     out = {"alpha": 0.1, "beta": 0.5, "format_weight": 1.0}
     out.update({k: float(v) for k, v in given.items()})
     if not 0.0 <= out["alpha"] <= 1.0:
@@ -280,17 +296,78 @@ def actfocus_settings(algorithm_config) -> dict[str, float]:
     return out
 
 
+def actfocus_energy(algorithm_config) -> str:
+    """``algorithm.actfocus.energy`` of a verl config, one of :data:`ENERGIES`; the paper's
+    ``ref_free_energy`` by default."""
+    energy = str(((algorithm_config or {}).get("actfocus") or {}).get("energy", ENERGIES[0]))
+    if energy not in ENERGIES:
+        raise ValueError(f"algorithm.actfocus.energy must be one of {ENERGIES}, got {energy!r}")
+    return energy
+
+
+def negative_logsumexp(logits: torch.Tensor, **_: Any) -> torch.Tensor:
+    """``-logsumexp`` over the last (vocabulary) dimension, in float32: the free energy of the
+    logits. Extra keywords (verl's ``chunk_size``) are ignored."""
+    return -torch.logsumexp(logits.float(), dim=-1)
+
+
+def free_energy_outputs(prepare_model_outputs: Callable) -> Callable:
+    """verl's FSDP engine's ``prepare_model_outputs``, which for a micro-batch carrying
+    :data:`FREE_ENERGY_FLAG` returns :func:`negative_logsumexp` of the (temperature-scaled)
+    logits where it returns the entropy; every other micro-batch is untouched.
+
+    The engine computes the entropy through its ``compute_entropy_from_logits`` (the packed path)
+    or ``verl.utils.torch_functional.entropy_from_logits`` (the padded one); both are swapped for
+    the call and put back after it. verl's fused kernels never hold the logits, so a flagged
+    micro-batch with ``use_fused_kernels`` is a ``ValueError``.
+    """
+    import verl.utils.torch_functional as verl_F
+    from verl.utils import tensordict_utils as tu
+
+    @functools.wraps(prepare_model_outputs)
+    def prepare(self, output, output_args, micro_batch, *args: Any, **kwargs: Any):
+        if not tu.get_non_tensor_data(data=micro_batch, key=FREE_ENERGY_FLAG, default=False):
+            return prepare_model_outputs(self, output, output_args, micro_batch, *args, **kwargs)
+        if tu.get_non_tensor_data(data=micro_batch, key="use_fused_kernels", default=False):
+            raise ValueError(
+                "ActFocus's free energy reads the reference's logits, which verl's fused kernels "
+                "never hold: turn use_fused_kernels off for the reference, or set "
+                "+algorithm.actfocus.energy=ref_surprisal"
+            )
+        saved = self.compute_entropy_from_logits, verl_F.entropy_from_logits
+        self.compute_entropy_from_logits = verl_F.entropy_from_logits = negative_logsumexp
+        try:
+            return prepare_model_outputs(self, output, output_args, micro_batch, *args, **kwargs)
+        finally:
+            self.compute_entropy_from_logits, verl_F.entropy_from_logits = saved
+
+    prepare.tokenergy_free_energy = True
+    return prepare
+
+
+try:  # verl's FSDP engine, where the reference's logits exist
+    from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
+except ImportError:
+    FSDPEngineWithLMHead = None
+if FSDPEngineWithLMHead is not None and not getattr(
+    FSDPEngineWithLMHead.prepare_model_outputs, "tokenergy_free_energy", False
+):
+    FSDPEngineWithLMHead.prepare_model_outputs = free_energy_outputs(
+        FSDPEngineWithLMHead.prepare_model_outputs
+    )
+
+
 def scale_batch_advantages(
     tokenizer,
     responses: torch.Tensor,
     response_mask: torch.Tensor,
-    ref_log_prob: torch.Tensor,
+    energy: torch.Tensor,
     advantages: torch.Tensor,
     settings: dict[str, float],
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """One verl batch (padded ``[B, R]`` tensors, right-padded with mask 0): the advantages
-    times :func:`actfocus_advantage_scale` with the roles of the response ids and the
-    reference's surprisal as the energy, and the weights' means by role (metrics)."""
+    times :func:`actfocus_advantage_scale` with the roles of the response ids and the given
+    per-token energy, and the weights' means by role (metrics)."""
     mask = response_mask.bool()
     roles = torch.full(responses.shape, int(Role.OBSERVATION), dtype=torch.long)
     for i in range(responses.shape[0]):
@@ -298,7 +375,7 @@ def scale_batch_advantages(
         roles[i, :n] = torch.tensor(
             response_roles(tokenizer, responses[i, :n].tolist(), mask[i, :n].tolist())
         )
-    scale = actfocus_advantage_scale(roles, -ref_log_prob.float(), mask, **settings)
+    scale = actfocus_advantage_scale(roles, energy.float(), mask, **settings)
     metrics = {}
     for role in (Role.REASONING, Role.ACTION, Role.FORMAT):
         on = mask & (roles == int(role))
@@ -313,25 +390,63 @@ if PPOTrainerSync is not None:
     @register_trainer(TRAINER_NAME)
     class ActFocusTrainer(PPOTrainerSync):
         """verl's synchronous trainer whose advantages carry the paper's ActFocus weights
-        (module docstring). Needs the reference's log-probs: ``use_kl_loss=True`` with
-        ``kl_loss_coef=0`` computes them without a KL term, as the paper trains."""
+        (module docstring). Needs the reference: ``use_kl_loss=True`` with ``kl_loss_coef=0``
+        runs it without a KL term, as the paper trains."""
+
+        def _compute_ref_log_prob(self, batch, metrics: dict):
+            """verl's reference step; with the paper's energy the reference's forward also
+            returns its free energy (flagged as :data:`FREE_ENERGY_FLAG`, in the place of the
+            entropy), stored as ``ref_free_energy`` over the response. The actor's entropy,
+            which the reference's output overwrites, is put back."""
+            if actfocus_energy(self.config.algorithm) != "ref_free_energy":
+                return super()._compute_ref_log_prob(batch, metrics)
+            keys, part = batch.keys, batch.partition_id
+            kept = (tq.kv_batch_get(keys=keys, partition_id=part, select_fields=["entropy"])
+                    if "entropy" in (batch.fields or []) else None)  # fmt: skip
+            batch.extra_info.update({
+                "calculate_entropy": True, FREE_ENERGY_FLAG: True, "compute_loss": False,
+                "temperature": self.config.actor_rollout_ref.rollout.temperature,
+            })  # fmt: skip
+            try:
+                if self.ref_in_actor:  # a LoRA policy: the reference is it without its adapter
+                    batch.extra_info["no_lora_adapter"] = True
+                    output = self.actor_rollout_wg.compute_log_prob(batch)
+                else:
+                    output = self.ref_policy_wg.compute_ref_log_prob(batch)
+            finally:  # later steps must see neither flag
+                batch.extra_info.pop(FREE_ENERGY_FLAG, None)
+                batch.extra_info["calculate_entropy"] = False
+            assert len(output) == len(batch)
+            data = tq.kv_batch_get(keys=keys, partition_id=part,
+                                   select_fields=["log_probs", "entropy", "response_mask"])  # fmt: skip
+            mask = data["response_mask"]
+            out = TensorDict(
+                {"ref_log_prob": response_from_nested(data["log_probs"], mask),
+                 "ref_free_energy": response_from_nested(data["entropy"], mask)},
+                batch_size=len(batch),
+            )  # fmt: skip
+            if kept is not None:
+                out["entropy"] = kept["entropy"]
+            return tq.kv_batch_put(keys=keys, partition_id=part, fields=out)
 
         def _compute_advantage(self, batch, metrics: dict):
             batch = super()._compute_advantage(batch, metrics)
-            fields = ["responses", "response_mask", "ref_log_prob", "advantages"]
+            source = actfocus_energy(self.config.algorithm)
+            read = "ref_free_energy" if source == "ref_free_energy" else "ref_log_prob"
+            fields = ["responses", "response_mask", read, "advantages"]
             data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                    select_fields=fields)  # fmt: skip
-            if "ref_log_prob" not in set(data.keys()):
+            if read not in set(data.keys()):
                 raise ValueError(
-                    "ActFocus reads the reference's log-probs: set "
+                    "ActFocus reads the reference's forward: set "
                     "actor_rollout_ref.actor.use_kl_loss=True and kl_loss_coef=0"
                 )
             nested_mask = data["response_mask"]
             padded = {k: data[k].to_padded_tensor(padding=0) for k in fields}
+            energy = padded[read] if read == "ref_free_energy" else -padded[read]
             advantages, af_metrics = scale_batch_advantages(
-                self.tokenizer, padded["responses"], padded["response_mask"],
-                padded["ref_log_prob"], padded["advantages"],
-                actfocus_settings(self.config.algorithm),
+                self.tokenizer, padded["responses"], padded["response_mask"], energy,
+                padded["advantages"], actfocus_settings(self.config.algorithm),
             )  # fmt: skip
             metrics.update(af_metrics)
             out = TensorDict(
