@@ -81,6 +81,10 @@ def test_small_ablation_report_and_resume(tmp_path):
     report = (folder / "report.md").read_text()
     assert "Peak held-out eval/success" in report  # beside the final step
     assert "Final-step `eval/invalid_rate`" in report and "Final-step `eval/state_exact`" in report
+    page = (folder / "report.html").read_text()  # the page shows every section of the report
+    for section in ("Peak held-out eval/success", "Peak-to-final drop", "Where the loss weight"):
+        assert section in page
+    assert page.count("<table>") == sum(ln.startswith("|---") for ln in report.splitlines())
     run = out / "frozenlake" / "actfocus-ppo" / "seed_0"
     tokens = (run / "report" / "tokens.html").read_text()
     assert 'class="obs"' in tokens and 'class="reasoning"' in tokens and "energy" in tokens

@@ -1,5 +1,6 @@
 """Reports from run folders: steps-to-threshold, summaries over seeds, written files."""
 
+import base64
 import json
 import math
 
@@ -92,3 +93,29 @@ def test_report_errors_name_the_path(tmp_path):
         load_ablation(tmp_path / "missing")
     with pytest.raises(RunDirError, match=r"neither metrics\.jsonl"):
         load_ablation(tmp_path)
+
+
+def test_markdown_page_carries_every_section_of_the_report(tmp_path):
+    """Headings, paragraphs, tables (without the separator row), embedded images and the links
+    to the token pages: what the markdown report says, the HTML page shows."""
+    from tokenergy.reports.lm import markdown_page
+
+    png = b"\x89PNG\r\n\x1a\n" + b"\x00" * 8
+    (tmp_path / "curves.png").write_bytes(png)
+    text = (
+        "# LM ablation: demo\n\nFinal-step success <b>.\n\n| variant | sokoban |\n|---|---|\n"
+        "| ppo | 0.45 ± 0.02 |\n\nPeak-to-final drop:\n\n| variant | sokoban |\n|---|---|\n"
+        "| ppo | +0.01 |\n\n![success curves](curves.png)\n![gone](missing.png)\n\n"
+        "- sokoban / ppo: `sokoban/ppo/seed_0/report/tokens.html`\n- a plain item\n"
+    )
+    page = markdown_page(text, tmp_path, "demo")
+    assert "<h1>LM ablation: demo</h1>" in page
+    assert "<p>Final-step success &lt;b&gt;.</p>" in page and "<p>Peak-to-final drop:</p>" in page
+    assert page.count("<table>") == 2 and "---" not in page
+    assert (
+        "<tr><th>variant</th><th>sokoban</th></tr><tr><td>ppo</td><td>0.45 ± 0.02</td></tr>" in page
+    )
+    assert page.count("<img ") == 1  # the missing picture is left out
+    assert "data:image/png;base64," + base64.b64encode(png).decode() in page
+    assert "<a href='../sokoban/ppo/seed_0/report/tokens.html'>sokoban / ppo</a>" in page
+    assert "<li>a plain item</li>" in page

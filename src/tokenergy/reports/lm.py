@@ -18,6 +18,7 @@ import base64
 import html
 import json
 import math
+import re
 import statistics
 from pathlib import Path
 from typing import Any
@@ -366,8 +367,8 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         for variant in runs[env]
     }
     deltas = _paired_deltas(by_seed, envs, variants)
-    curves_png = _success_curves(runs, envs, variants, metric, out / "curves.png")
-    diag_png, diag_md = _diagnostic_section(runs, envs, variants, out / "diagnose.png")
+    _success_curves(runs, envs, variants, metric, out / "curves.png")
+    _, diag_md = _diagnostic_section(runs, envs, variants, out / "diagnose.png")
     energy_md = _energy_diagnostic_section(runs, dirs, envs, variants)
     weight_md = _weight_section(root, runs, envs, variants)
     token_links = []
@@ -408,8 +409,7 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
         + "\n"
     )
     (out / "report.md").write_text(text)
-    _write_html(out / "report.html", root.name, metric, seeds_n, header, table, deltas,
-                curves_png, diag_png, token_links)  # fmt: skip
+    (out / "report.html").write_text(markdown_page(text, out, root.name))
     return out, md_table
 
 
@@ -635,24 +635,51 @@ def _weight_section(root: Path, runs, envs, variants) -> str:
     )
 
 
-def _write_html(
-    path, name, metric, seeds_n, header, table, deltas, curves_png, diag_png, token_links
-) -> None:
-    rows_html = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in table
+def markdown_page(text: str, folder: Path, title: str) -> str:
+    """The report's markdown as a self-contained HTML page: headings, paragraphs, tables, list
+    items (a ``- label: `page.html``` item a link to that page of the study), and images read
+    from ``folder`` and embedded, so the page shows every section the markdown has. Inline code
+    and emphasis stay as written."""
+    body: list[str] = []
+    table: list[list[str]] = []
+    image = re.compile(r"!\[([^\]]*)\]\(([^)]+)\)")
+    page_link = re.compile(r"- (.+): `([^`]+\.html)`")
+
+    def flush_table() -> None:
+        if table:
+            head, *rows = table
+            body.append("<table><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in head)
+                        + "</tr>" + "".join("<tr>" + "".join(
+                            f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+                        + "</table>")  # fmt: skip
+            table.clear()
+
+    for line in text.splitlines():
+        if line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if not all(set(c) <= set("-: ") for c in cells):  # not the separator row
+                table.append(cells)
+            continue
+        flush_table()
+        if not line.strip():
+            continue
+        if line.startswith("#"):
+            level = len(line) - len(line.lstrip("#"))
+            body.append(f"<h{level}>{html.escape(line[level:].strip())}</h{level}>")
+        elif m := image.fullmatch(line.strip()):
+            alt, src = m.groups()
+            if (folder / src).is_file():
+                body.append(f"<img src='data:image/png;base64,{_img(folder / src)}' "
+                            f"alt='{html.escape(alt)}'>")  # fmt: skip
+        elif m := page_link.fullmatch(line):  # a page of the study: a link to it
+            label, href = m.groups()
+            body.append(f"<li><a href='../{html.escape(href)}'>{html.escape(label)}</a></li>")
+        elif line.startswith("- "):
+            body.append(f"<li>{html.escape(line[2:])}</li>")
+        else:
+            body.append(f"<p>{html.escape(line)}</p>")
+    flush_table()
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_CSS}</style></head><body>" + "\n".join(body) + "</body></html>"
     )
-    links = "".join(
-        f"<li><a href='../{html.escape(str(p))}'>{html.escape(label)}</a></li>"
-        for label, p in token_links
-    )
-    page = (
-        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(name)}</title>"
-        f"<style>{_CSS}</style></head><body><h1>{html.escape(name)}</h1>"
-        f"<p>Final-step held-out {html.escape(metric)}, mean ± std over {seeds_n} seeds.</p>"
-        "<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in header) + "</tr>"
-        f"{rows_html}</table><p>{'<br>'.join(html.escape(d) for d in deltas)}</p>"
-        f"<img src='data:image/png;base64,{_img(curves_png)}' alt='success curves'>"
-        f"<h2>Action-bottleneck diagnostic</h2><img src='data:image/png;base64,{_img(diag_png)}'>"
-        f"<h2>Per-token pictures</h2><ul>{links}</ul></body></html>"
-    )
-    path.write_text(page)
