@@ -55,14 +55,21 @@ CASES: dict[str, list[str]] = {
 
 
 def cpu_model() -> str:
-    """The CPU's model name: sampled runs part between CPU kinds (float rounding flips a token
-    now and then), so golden numbers hold on the kind of CPU that wrote them."""
+    """The CPU's kind: its model name, family and model numbers and whether it has AVX-512.
+    Sampled runs part between CPU kinds (float rounding flips a token now and then), and a
+    virtual machine's model name alone ("AMD EPYC") covers generations whose vector units round
+    differently, so golden numbers hold on the kind that wrote them."""
     import platform
 
     try:
+        info: dict[str, str] = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            info.setdefault(key.strip(), value.strip())
+        if "model name" in info:
+            avx512 = "avx512f" in info.get("flags", "").split()
+            return (f"{info['model name']} (family {info.get('cpu family', '?')}, model "
+                    f"{info.get('model', '?')}{', avx512' if avx512 else ''})")  # fmt: skip
     except OSError:
         pass
     return platform.processor() or platform.machine()
