@@ -248,3 +248,118 @@ def test_same_seed_same_run_with_two_threads():
     with deterministic_kernels():
         assert torch.are_deterministic_algorithms_enabled()
     assert not torch.are_deterministic_algorithms_enabled()
+
+
+def _keys():
+    """One episode's keys for k = 2: BOS, moves 0@1 1@2, FAIL, move 1@1; decisions at depths
+    1 and 2 after the last key."""
+    tokens = torch.tensor([[3, 0, 1, 2, 1]])
+    depths = torch.tensor([[0, 1, 2, 3, 1]])
+    return tokens, depths, torch.tensor([[1, 2]])
+
+
+def test_relative_depth_score_is_a_slope_on_the_depth_difference_of_moves():
+    model = SearchTransformer(2, heads=2, depth_features="relative")
+    tokens, depths, q_depth = _keys()
+    assert model.depth_score(tokens, depths, q_depth).abs().sum() == 0  # starts at zero
+    with torch.no_grad():
+        model.slope.copy_(torch.tensor([1.0, -2.0]))
+    s = model.depth_score(tokens, depths, q_depth)  # (B, H, Q, T)
+    # key depth minus decision depth for the moves (0@1, 1@2, 1@1); BOS and FAIL give 0
+    delta = torch.tensor([[0.0, 0.0, 1.0, 0.0, 0.0], [0.0, -1.0, 0.0, 0.0, -1.0]])
+    assert torch.equal(s[0, 0], delta) and torch.equal(s[0, 1], -2 * delta)
+
+
+def test_sinusoidal_depth_score_projects_sines_and_cosines_of_the_difference():
+    from tokenergy.algos.dfs import N_SINES
+
+    model = SearchTransformer(2, heads=1, depth_features="sinusoidal")
+    tokens, depths, q_depth = _keys()
+    with torch.no_grad():
+        model.sines.copy_(torch.arange(1.0, 2 * N_SINES + 1)[None])
+    s = model.depth_score(tokens, depths, q_depth)[0, 0].detach()
+    freq = 2.0 ** -torch.arange(N_SINES, dtype=torch.float)
+    w = torch.arange(1.0, 2 * N_SINES + 1)
+    for q, dq in enumerate((1, 2)):
+        for t in range(5):
+            if tokens[0, t] >= 2:  # BOS and FAIL: no depth
+                assert s[q, t] == 0
+                continue
+            a = (depths[0, t] - dq) * freq
+            want = (torch.cat([torch.sin(a), torch.cos(a)]) * w).sum()
+            assert s[q, t] == pytest.approx(float(want), abs=1e-5)
+
+
+def test_new_parameterisations_start_as_the_plain_model():
+    """Zero-initialised depth features change no logit; recency_init and block_init set their
+    blocks; every block is the same draw of the same seed, scaled."""
+    tokens, depths, _ = _keys()
+    attempts = torch.tensor([[0, 0, 0, 0, 1]])
+    args = (tokens, depths, attempts, torch.tensor([[4]]), torch.tensor([[2]]), torch.tensor([[1]]))
+    plain = SearchTransformer(2, heads=2, init_scale=0.5, seed=3)
+    for feats in ("relative", "sinusoidal"):
+        other = SearchTransformer(2, heads=2, init_scale=0.5, seed=3, depth_features=feats)
+        assert torch.equal(other(*args), plain(*args))
+    m = SearchTransformer(2, heads=2, init_scale=0.5, seed=3, recency_init=2.0,
+                          block_init={"u": 0.0})  # fmt: skip
+    assert torch.equal(m.rho, torch.full((2,), 2.0)) and m.u.abs().sum() == 0
+    assert torch.equal(m.values, plain.values)  # a block's scale does not change the draws
+    with pytest.raises(ValueError, match="depth_features"):
+        SearchTransformer(2, depth_features="absolute")
+
+
+def test_block_learning_rates_and_stage_heads_keep_what_they_freeze(tmp_path):
+    """A block at lr share 0 ends where it started; in a stage that trains head 0 only, head
+    1's blocks do not move (Adam's momentum included), and the next stage moves them; each
+    stage leaves its attention picture."""
+    from tokenergy.runs import Run
+
+    cfg = config_from_dict({
+        "kind": "dfs", "model": {"init_scale": 0.5, "depth_features": "relative"},
+        "train": {"depths": [1, 2, 2], "iterations": [8, 8, 8], "batch": 16,
+                  "block_lr": {"u": 0.0}, "stage_heads": [[0], [1], [0, 1]]},
+        "ablation": {"variants": {"two-heads": {}}},
+    })  # fmt: skip
+    start = SearchTransformer(2, 2, init_scale=0.5, seed=cfg.seed, depth_features="relative")
+    snapshots = []
+    import tokenergy.algos.dfs as dfs
+
+    real = dfs.attention_picture
+
+    def keep(model, k, depth, path, seed=0):
+        snapshots.append({n: p.detach().clone() for n, p in model.named_parameters()})
+        real(model, k, depth, path, seed)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dfs, "attention_picture", keep)
+        run = Run(tmp_path / "run", cfg)
+        model = train_dfs(cfg, run).model
+    assert torch.equal(model.u, start.u)  # lr share 0
+    first, second, third = snapshots
+    for name in ("b", "rho", "values", "slope"):
+        assert torch.equal(first[name][1], getattr(start, name)[1])  # stage 1: head 1 frozen
+        if name != "slope":  # depth-1 trees: every key is at the decision's depth, no slope
+            assert not torch.equal(first[name][0], getattr(start, name)[0])
+        assert torch.equal(second[name][0], first[name][0])  # stage 2: head 0 frozen
+        assert not torch.equal(second[name][1], first[name][1])
+        assert not torch.equal(third[name][0], second[name][0])  # stage 3: both move
+    assert not torch.equal(first["bias"], torch.zeros(2))  # the shared bias always trains
+    for i in (1, 2, 3):
+        assert (tmp_path / "run" / f"attention_stage{i}.png").is_file()
+    from tokenergy.algos.dfs import load_search_model
+
+    loaded = load_search_model(tmp_path / "run")
+    assert loaded.depth_features == "relative" and torch.equal(loaded.slope, model.slope)
+
+
+def test_parameterisation_config_errors():
+    with pytest.raises(ConfigError, match=r"model\.depth_features"):
+        config_from_dict({"kind": "dfs", "model": {"depth_features": "absolute"}})
+    with pytest.raises(ConfigError, match=r"model\.block_init: unknown block 'rho'"):
+        config_from_dict({"kind": "dfs", "model": {"block_init": {"rho": 1.0}}})
+    with pytest.raises(ConfigError, match=r"train\.block_lr"):
+        config_from_dict({"kind": "dfs", "train": {"block_lr": {"values": -0.1}}})
+    with pytest.raises(ConfigError, match=r"train\.stage_heads: needs"):
+        config_from_dict({"kind": "dfs", "train": {"stage_heads": [[0]]}})
+    with pytest.raises(ConfigError, match=r"train\.stage_heads: head 2 of a 2-head"):
+        config_from_dict({"kind": "dfs", "train": {"stage_heads": [[0], [2]]}})

@@ -23,7 +23,9 @@ where ``relation`` places the key relative to the decision (``BOS``, ``FAIL``, *
 key's vote is read from the one-hot of its token paired with its relation. The depth embedding
 ``e_h`` starts at zero, so depths never seen in training add nothing: what carries to deeper
 trees are the relations, the recency and the token values (``model.depth_embedding: false``
-keeps it at zero; ``model.window: n`` lets attention read only the last ``n`` attempts).
+keeps it at zero; ``model.window: n`` lets attention read only the last ``n`` attempts;
+``model.depth_features`` adds a score of the key's depth relative to the decision's that is
+shared across depths, :class:`SearchTransformer`).
 
 **Why two heads suffice** (a construction, tested in ``tests/test_dfs.py``): with children
 ordered ``0 … k-1``, head 1 attends to the previous attempt's move at the same depth ``p_j``
@@ -38,7 +40,9 @@ attempt was a last child (the "carry"), head 2 sees ``p_j`` alone and pushes the
 the children's order, at any depth: :func:`dfs_weights` sets those weights by hand.
 
 **Training** (:func:`train_dfs`): REINFORCE with the batch-mean baseline (per depth), an
-entropy bonus, Adam; a depth curriculum (depth 1, then 2, ...). What it learns from depths 1
+entropy bonus, Adam with a learning-rate share per parameter block (``train.block_lr``); a
+depth curriculum (depth 1, then 2, ...), optionally training only some heads in each stage
+(``train.stage_heads``). What it learns from depths 1
 and 2 is not this construction (docs/results/search.md): the trained heads count earlier
 tries at the decision's depth, which does not carry to deeper trees.
 """
@@ -189,8 +193,22 @@ def random_moves_leaves(k: int, depth: int) -> float:
 # --------------------------------------------------------------------------- the model
 
 
+DEPTH_FEATURES = ("none", "relative", "sinusoidal")
+BLOCKS = ("u", "e", "b", "rho", "values", "bias")  # the parameter blocks, by name
+N_SINES = 4  # frequencies of the sinusoidal depth features
+
+
 class SearchTransformer(nn.Module):
-    """One attention layer, ``heads`` heads, no MLP (module docstring)."""
+    """One attention layer, ``heads`` heads, no MLP (module docstring).
+
+    ``depth_features`` adds a key score from the key's depth relative to the decision's,
+    ``delta = depth(key) - depth(decision)`` for moves (0 for ``FAIL`` and ``BOS``), that is
+    shared across depths: ``relative`` a learned slope per head, ``slope_h * delta``;
+    ``sinusoidal`` a learned projection per head of ``sin`` and ``cos`` of ``delta`` at
+    :data:`N_SINES` frequencies. Both start at zero. ``recency_init`` is the initial ``ρ``
+    (the rate ``softplus(ρ)`` per attempt ago); ``block_init`` the initial std of a block
+    (``u``, ``b``, ``values``) in place of ``init_scale``.
+    """
 
     def __init__(
         self,
@@ -200,21 +218,46 @@ class SearchTransformer(nn.Module):
         init_scale: float = 0.1,
         seed: int = 0,
         window: int | None = None,
+        depth_features: str = "none",
+        recency_init: float = 0.0,
+        block_init: dict[str, float] | None = None,
     ):
         super().__init__()
+        if depth_features not in DEPTH_FEATURES:
+            raise ValueError(
+                f"depth_features must be one of {DEPTH_FEATURES}, got {depth_features!r}"
+            )
         self.k, self.heads, self.max_depth, self.window = k, heads, max_depth, window
+        self.depth_features = depth_features
         n_tok = k + 2
         g = torch.Generator().manual_seed(seed)
+        scale = {"u": init_scale, "b": init_scale, "values": init_scale, **(block_init or {})}
 
-        def p(*shape):
-            return nn.Parameter(init_scale * torch.randn(*shape, generator=g))
+        def p(name, *shape):
+            return nn.Parameter(scale[name] * torch.randn(*shape, generator=g))
 
-        self.u = p(heads, n_tok)  # key score of each token
+        self.u = p("u", heads, n_tok)  # key score of each token
         self.e = nn.Parameter(torch.zeros(heads, max_depth + 2))  # key score of each depth
-        self.b = p(heads, N_REL)  # key score of each relation to the decision
-        self.rho = nn.Parameter(torch.zeros(heads))  # recency rate, softplus
-        self.values = p(heads, N_REL, n_tok, k)  # a key's vote: by its token and relation
+        self.b = p("b", heads, N_REL)  # key score of each relation to the decision
+        self.rho = nn.Parameter(torch.full((heads,), float(recency_init)))  # recency, softplus
+        self.values = p("values", heads, N_REL, n_tok, k)  # a key's vote: by token and relation
         self.bias = nn.Parameter(torch.zeros(k))
+        if depth_features == "relative":
+            self.slope = nn.Parameter(torch.zeros(heads))
+        elif depth_features == "sinusoidal":
+            self.sines = nn.Parameter(torch.zeros(heads, 2 * N_SINES))
+
+    def depth_score(self, tokens: torch.Tensor, depths: torch.Tensor, q_depth: torch.Tensor):
+        """``[B, H, Q, T]`` key score of the key's depth relative to the decision's (0 without
+        ``depth_features``)."""
+        is_move = (tokens < self.k)[:, None, :]  # (B, 1, T)
+        delta = torch.where(is_move, depths[:, None, :] - q_depth[:, :, None], 0).float()
+        if self.depth_features == "relative":
+            return self.slope[None, :, None, None] * delta[:, None]
+        freq = 2.0 ** -torch.arange(N_SINES, dtype=torch.float)  # 1, 1/2, 1/4, 1/8 rad a level
+        angle = delta[..., None] * freq  # (B, Q, T, F)
+        feats = torch.cat([torch.sin(angle), torch.cos(angle) * is_move[..., None]], -1)
+        return torch.einsum("bqtf,hf->bhqt", feats, self.sines)
 
     def relations(self, depths: torch.Tensor, tokens: torch.Tensor, query_depth: torch.Tensor):
         """``[..., T]`` relation of each key to a decision at ``query_depth`` (``[..., 1]``)."""
@@ -240,6 +283,8 @@ class SearchTransformer(nn.Module):
             + self.b[:, rel].permute(1, 0, 2, 3)  # (B, H, Q, T)
             - rate[None, :, None, None] * ago[:, None]
         )
+        if self.depth_features != "none":
+            s = s + self.depth_score(tokens, depths, q_depth)
         return s
 
     def forward(self, tokens, depths, attempts, q_pos, q_depth, q_attempt, return_attn=False):
@@ -406,19 +451,27 @@ def _train_dfs(cfg, run, progress) -> DFSResult:
     tr = cfg.train
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed + 1)
+    m = cfg.model
     model = SearchTransformer(
-        t.k, cfg.model.heads, init_scale=cfg.model.init_scale, seed=cfg.seed,
-        window=cfg.model.window,
+        t.k, m.heads, init_scale=m.init_scale, seed=cfg.seed, window=m.window,
+        depth_features=m.depth_features, recency_init=m.recency_init, block_init=m.block_init,
     )  # fmt: skip
-    model.e.requires_grad_(cfg.model.depth_embedding)
-    opt = torch.optim.Adam([q for q in model.parameters() if q.requires_grad], lr=tr.lr)
+    model.e.requires_grad_(m.depth_embedding)
+    # one group per block, at the block's share of the learning rate (Adam is per element, so
+    # equal shares are the single-group optimizer)
+    opt = torch.optim.Adam(
+        [{"params": [q], "lr": tr.lr * tr.block_lr.get(name, 1.0)}
+         for name, q in model.named_parameters() if q.requires_grad],
+        lr=tr.lr,
+    )  # fmt: skip
     history: list[dict[str, float]] = []
     total = sum(tr.iterations)
     step = 0
     t0 = time.perf_counter()
     kw = {"goal": t.goal, "zipf_s": t.zipf_s, "gamma": t.gamma}
-    for stage, n_iter in zip(tr.depths, tr.iterations, strict=True):
+    for i_stage, (stage, n_iter) in enumerate(zip(tr.depths, tr.iterations, strict=True)):
         depths = stage if isinstance(stage, list) else [stage]
+        trained_heads = None if tr.stage_heads is None else tr.stage_heads[i_stage]
         for _ in range(n_iter):
             # one batch per depth of the stage, each with its own baseline
             envs = [
@@ -437,8 +490,9 @@ def _train_dfs(cfg, run, progress) -> DFSResult:
             loss = -sum(terms) / n_moves - tr.ent_coef * ent_sum / n_moves
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tr.max_grad_norm)
-            opt.step()
+            with _only_heads(model, trained_heads):
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tr.max_grad_norm)
+                opt.step()
             step += 1
             leaves = torch.tensor([len(v) for e in envs for v in e.leaves], dtype=torch.float)
             row = {
@@ -456,10 +510,32 @@ def _train_dfs(cfg, run, progress) -> DFSResult:
                 run.log(step, row)
             if progress is not None:
                 progress(step, total, step, {"rollout/success": row["rollout/success"]})
+        if run is not None and tr.stage_heads is not None:  # what each stage left
+            attention_picture(model, t.k, 4, run.path / f"attention_stage{i_stage + 1}.png")
     if run is not None:
-        torch.save({"state": model.state_dict(), "k": t.k, "heads": cfg.model.heads,
-                    "window": cfg.model.window}, run.path / "model.pt")  # fmt: skip
+        torch.save({"state": model.state_dict(), "k": t.k, "heads": m.heads, "window": m.window,
+                    "depth_features": m.depth_features}, run.path / "model.pt")  # fmt: skip
     return DFSResult(model, history)
+
+
+@contextlib.contextmanager
+def _only_heads(model: SearchTransformer, heads: list[int] | None):
+    """Around a clip-and-step: the per-head blocks of heads not in ``heads`` get no gradient
+    and end the step where they began (Adam's momentum would move them otherwise); the shared
+    output bias always trains. ``None``: every head trains."""
+    if heads is None:
+        yield
+        return
+    frozen = [h for h in range(model.heads) if h not in heads]
+    per_head = [q for name, q in model.named_parameters() if name != "bias"]
+    for q in per_head:
+        if q.grad is not None:
+            q.grad[frozen] = 0.0
+    before = [q.detach()[frozen].clone() for q in per_head]
+    yield
+    with torch.no_grad():
+        for q, old in zip(per_head, before, strict=True):
+            q[frozen] = old
 
 
 def load_search_model(run_dir: str | Path) -> SearchTransformer:
@@ -468,7 +544,8 @@ def load_search_model(run_dir: str | Path) -> SearchTransformer:
     if not path.is_file():
         raise FileNotFoundError(f"{run_dir}: no model.pt (not a finished kind: dfs run)")
     saved = torch.load(path, weights_only=True)
-    model = SearchTransformer(saved["k"], saved["heads"], window=saved.get("window"))
+    model = SearchTransformer(saved["k"], saved["heads"], window=saved.get("window"),
+                              depth_features=saved.get("depth_features", "none"))  # fmt: skip
     model.load_state_dict(saved["state"])
     return model
 

@@ -14,6 +14,14 @@ from tokenergy.config.fields import (
 )
 
 
+def _check_blocks(given: dict, name: str, blocks: tuple[str, ...]) -> None:
+    """A ``{block: value >= 0}`` map over the named parameter blocks."""
+    for key, value in given.items():
+        _check(key in blocks, name, f"unknown block {key!r} (blocks: {', '.join(blocks)})")
+        _check(isinstance(value, int | float) and value >= 0, name,
+               f"{key}: must be a number >= 0, got {value!r}")  # fmt: skip
+
+
 @dataclass
 class TreeConfig:
     """The ``tree_search`` task the search transformer trains on."""
@@ -46,10 +54,27 @@ class SearchModelConfig:
     window: int | None = _f(
         None, "attempts before the current one that attention may read; null reads them all"
     )
+    depth_features: str = _f(
+        "none",
+        "a key score from the key's depth minus the decision's, shared across depths: none, "
+        "relative (a learned slope per head) or sinusoidal (a learned projection of sinusoids)",
+    )
+    recency_init: float = _f(
+        0.0, "initial rho of every head: keys lose softplus(rho) of score per attempt ago"
+    )
+    block_init: dict = _f(
+        {}, "initial std of a block in place of init_scale: {u: 0.0} starts the token scores at 0"
+    )
 
     def __post_init__(self) -> None:
         _in_range(self.heads, "heads", 1, 64)
         _in_range(self.init_scale, "init_scale", 0.0, None)
+        _check(
+            self.depth_features in ("none", "relative", "sinusoidal"),
+            "depth_features",
+            f"must be none, relative or sinusoidal, got {self.depth_features!r}",
+        )
+        _check_blocks(self.block_init, "block_init", ("u", "b", "values"))
         if self.window is not None:
             _in_range(self.window, "window", 1, None)
 
@@ -71,6 +96,16 @@ class SearchTrainConfig:
         "Evaluation always allows k^d",
     )
     lr: float = _f(0.1, "Adam learning rate")
+    block_lr: dict = _f(
+        {},
+        "a block's share of lr (u, e, b, rho, values, bias, slope, sines): {values: 0.1} lets the "
+        "scores move first, {u: 0.0} keeps the token scores where they start",
+    )
+    stage_heads: list | None = _f(
+        None,
+        "heads trained in each curriculum stage, e.g. [[0], [1]]: the others stay as they are "
+        "(and attention_stage<i>.png shows each stage's heads); null trains every head throughout",
+    )
     ent_coef: float = _f(0.0, "entropy bonus coefficient")
     max_grad_norm: float = _f(1.0, "global gradient-norm clip")
 
@@ -97,6 +132,18 @@ class SearchTrainConfig:
         for n in self.iterations:
             _check(isinstance(n, int) and n >= 0, "iterations", f"must be ints >= 0, got {n!r}")
         _in_range(self.batch, "batch", 2, None)
+        _check_blocks(
+            self.block_lr, "block_lr", ("u", "e", "b", "rho", "values", "bias", "slope", "sines")
+        )
+        if self.stage_heads is not None:
+            _check(
+                len(self.stage_heads) == len(self.depths)
+                and all(isinstance(hs, list) and hs and all(isinstance(h, int) and h >= 0 for h in hs)
+                        for hs in self.stage_heads),
+                "stage_heads",
+                f"needs a non-empty list of head indices per curriculum stage ({len(self.depths)}), "
+                f"got {self.stage_heads}",
+            )  # fmt: skip
         _in_range(self.lr, "lr", 0.0, 1.0, lo_open=True)
         _in_range(self.ent_coef, "ent_coef", 0.0, None)
         _in_range(self.max_grad_norm, "max_grad_norm", 0.0, None, lo_open=True)
@@ -141,3 +188,9 @@ class DFSRunConfig:
 
     def __post_init__(self) -> None:
         _check_run_fields(self, "dfs")
+        for heads in self.train.stage_heads or []:
+            _check(
+                max(heads) < self.model.heads,
+                "train.stage_heads",
+                f"head {max(heads)} of a {self.model.heads}-head model (heads count from 0)",
+            )
