@@ -22,6 +22,11 @@ from tokenergy.envs.corpora import (
 from tokenergy.experiments import plan_pipeline_grid
 from tokenergy.reports.pipeline import GRID_COLUMNS, grid_table
 
+# the stages before PPO at a dozen steps each and a small evaluation: for the tests of the PPO
+# loop's envelope and of determinism, which need a run that goes through, not one that learns
+QUICK = {"pretrain.steps": 12, "sft.steps": 12, "rm.steps": 12, "eval.prompts": 8,
+         "eval.pairs": 16}  # fmt: skip
+
 
 def cfg_of(**over):
     data = {
@@ -149,7 +154,7 @@ def test_merge_and_reinit_keeps_the_sft_model_and_trains_a_fresh_adapter(tmp_pat
 def test_pipeline_refuses_a_policy_that_cannot_learn(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match="only the value head would learn"):
-        pl.run_pipeline(cfg_of(**{"ppo.merge_reinit": False}))
+        pl.run_pipeline(cfg_of(**QUICK, **{"ppo.merge_reinit": False}))
 
 
 # --------------------------------------------------------------------------- whole runs
@@ -189,12 +194,13 @@ def _patch_update_logprobs(monkeypatch, shift):
 
 def test_a_huge_ratio_is_skipped(monkeypatch):
     _patch_update_logprobs(monkeypatch, 5.0)  # ratio e^5 ~ 148
-    cfg = cfg_of(**{"ppo.iterations": 2})
+    cfg = cfg_of(**QUICK, **{"ppo.iterations": 2})
     hist = pl.run_pipeline(cfg).history
     n = cfg.ppo.epochs * cfg.ppo.minibatches
     assert [r["envelope/ratio_skips"] for r in hist] == [n, 2 * n]
     assert [r["ppo/updates"] for r in hist] == [0, 0]
-    off = pl.run_pipeline(cfg_of(**{"ppo.iterations": 1, "envelope.ratio_cap": None})).history
+    off = pl.run_pipeline(cfg_of(**QUICK, **{"ppo.iterations": 1, "envelope.ratio_cap": None}))
+    off = off.history
     assert off[0]["ppo/updates"] == n
 
 
@@ -212,10 +218,10 @@ def _nan_loss_on(monkeypatch, calls):
 
 def test_a_nan_step_is_rolled_back_and_without_the_envelope_the_weights_break(monkeypatch):
     _nan_loss_on(monkeypatch, {2})
-    on = pl.run_pipeline(cfg_of(**{"ppo.iterations": 2})).history
+    on = pl.run_pipeline(cfg_of(**QUICK, **{"ppo.iterations": 2})).history
     assert on[-1]["envelope/rollbacks"] == 1 and on[-1]["ppo/weights_finite"] == 1.0
     _nan_loss_on(monkeypatch, {2})
-    off = pl.run_pipeline(cfg_of(**{"ppo.iterations": 3, "envelope.rollback": False}))
+    off = pl.run_pipeline(cfg_of(**QUICK, **{"ppo.iterations": 3, "envelope.rollback": False}))
     assert off.history[-1]["ppo/weights_finite"] == 0.0
     assert len(off.history) == 1  # collapsed in the first iteration: PPO stops there
     s = off.summary
@@ -224,7 +230,8 @@ def test_a_nan_step_is_rolled_back_and_without_the_envelope_the_weights_break(mo
 
 
 def test_bf16_pipeline_trains_finite():
-    hist = pl.run_pipeline(cfg_of(**{"envelope.precision": "bf16", "ppo.iterations": 2})).history
+    hist = pl.run_pipeline(cfg_of(**QUICK, **{"envelope.precision": "bf16", "ppo.iterations": 2}))
+    hist = hist.history
     assert all(r["ppo/updates"] > 0 and r["ppo/weights_finite"] == 1.0 for r in hist)
 
 
@@ -297,7 +304,7 @@ def test_same_seed_same_pipeline_with_two_threads():
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        runs = [pl.run_pipeline(cfg_of(**{"ppo.iterations": 2})) for _ in range(2)]
+        runs = [pl.run_pipeline(cfg_of(**QUICK, **{"ppo.iterations": 2})) for _ in range(2)]
     finally:
         torch.set_num_threads(before)
 

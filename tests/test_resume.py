@@ -51,7 +51,7 @@ def test_sigkill_mid_run_then_resume(tmp_path):
         "--ppo.num-steps",
         "32",
         "--ppo.total-steps",
-        str(4 * 32 * 400),
+        str(4 * 32 * 100),
         "--ppo.minibatches",
         "2",
         "--log.checkpoint-every",
@@ -79,7 +79,7 @@ def test_sigkill_mid_run_then_resume(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     done_at_kill = max(r["train/iteration"] for r in read_metrics(out))
-    assert done_at_kill < 400  # it really was killed mid-run
+    assert done_at_kill < 100  # it really was killed mid-run
     for ckpt in (out / "checkpoints").glob("iter_*"):
         load_checkpoint(ckpt)  # every complete-looking checkpoint loads
     last = int(json.loads((latest_checkpoint(out) / "state.json").read_text())["iteration"])
@@ -89,11 +89,11 @@ def test_sigkill_mid_run_then_resume(tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert res.returncode == 0, res.stderr
     its = [r["train/iteration"] for r in read_metrics(out)]
-    assert its == list(range(1, 401))
+    assert its == list(range(1, 101))
 
 
 # The credit variant carries state across iterations (a learned discriminator and its
