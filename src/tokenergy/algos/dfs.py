@@ -194,7 +194,6 @@ def random_moves_leaves(k: int, depth: int) -> float:
 
 
 DEPTH_FEATURES = ("none", "relative", "sinusoidal")
-BLOCKS = ("u", "e", "b", "rho", "values", "bias")  # the parameter blocks, by name
 N_SINES = 4  # frequencies of the sinusoidal depth features
 
 
