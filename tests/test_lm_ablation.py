@@ -97,6 +97,9 @@ def test_small_ablation_report_and_resume(tmp_path):
     assert ('class="action"' in tokens) == wrote_answer
     metrics = (out / "frozenlake" / "ppo" / "seed_0" / "metrics.jsonl").read_text()
 
+    # an SFT agent copied in without its run's metrics still gives a report
+    (out / "frozenlake" / "sft" / "seed_0" / "metrics.jsonl").unlink()
+    assert write_lm_ablation_report(out)[1] == md
     console = Console(record=True, width=200)
     # everything finished: nothing reruns, and the run says so
     assert run_ablation(base, 1, out, resume=True, console=console) == []

@@ -338,7 +338,9 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     for env in envs:
         for variant in ["sft", *variants]:
             for d in sorted((root / env / variant).glob("seed_*/agent")):  # finished runs
-                runs.setdefault(env, {}).setdefault(variant, []).append(read_metrics(d.parent))
+                # an SFT agent copied in (its folder holds the agent alone) has no metrics
+                rows = read_metrics(d.parent) if (d.parent / "metrics.jsonl").is_file() else []
+                runs.setdefault(env, {}).setdefault(variant, []).append(rows)
                 dirs.setdefault(env, {}).setdefault(variant, []).append(d.parent)
     if not runs:
         raise RunDirError(f"{str(root)!r} holds no finished runs yet")
