@@ -616,17 +616,19 @@ def evaluate_search(
 
 
 def attention_picture(
-    model: SearchTransformer, k: int, depth: int, path: Path, seed: int = 0
+    model: SearchTransformer, k: int, depth: int, path: Path, seed: int = 0, goal_child: int = -1
 ) -> None:
     """What each head attends to in one greedy episode: a heatmap per head, decisions down,
-    keys across, tokens labelled."""
+    keys across, tokens labelled. The goal is the leaf reached by taking child ``goal_child``
+    at every depth (the last leaf by default; pick another for a model that tries it first)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     gen = torch.Generator().manual_seed(seed)
-    env = play(model, k, depth, 1, gen, greedy=True, goals=torch.full((1, depth), k - 1))
+    goal = goal_child % k
+    env = play(model, k, depth, 1, gen, greedy=True, goals=torch.full((1, depth), goal))
     pos, _ = _decision_positions(env)
     pos = pos[:, pos[0] >= 0]
     L = int(env.length[0])
@@ -647,7 +649,8 @@ def attention_picture(
         ax.set_yticks(range(len(moves)), moves, fontsize=5)
         ax.set_xlabel("key token (child, F = FAIL, B = BOS)")
     axes[0, 0].set_ylabel("decision (move @ depth)")
-    fig.suptitle(f"attention of each head, greedy search of a depth-{depth} tree (goal: last leaf)")
+    where = "last leaf" if goal == k - 1 else f"child {goal + 1} at every depth"
+    fig.suptitle(f"attention of each head, greedy search of a depth-{depth} tree (goal: {where})")
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
