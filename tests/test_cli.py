@@ -28,6 +28,26 @@ def run(*args, cwd=None):
     return subprocess.run([*CLI, *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
+def run_here(capsys, monkeypatch, *args, cwd=None):
+    """The console script's ``main`` in this process (no interpreter start per call): its exit
+    code, stdout and stderr. The entry point itself is run as a subprocess by the tests below."""
+    from types import SimpleNamespace
+
+    from tokenergy.cli import main
+
+    if cwd is not None:
+        monkeypatch.chdir(cwd)
+    monkeypatch.setattr(sys, "argv", ["tokenergy", *args])
+    capsys.readouterr()
+    try:
+        main()
+        code = 0
+    except SystemExit as done:
+        code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    out = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stdout=out.out, stderr=out.err)
+
+
 @pytest.mark.parametrize(
     "cmd",
     [
@@ -42,8 +62,8 @@ def run(*args, cwd=None):
         ["search"],
     ],
 )
-def test_help(cmd):
-    res = run(*cmd, "--help")
+def test_help(cmd, capsys, monkeypatch):
+    res = run_here(capsys, monkeypatch, *cmd, "--help")
     assert res.returncode == 0, res.stderr
     assert "Usage" in res.stdout
 
@@ -73,12 +93,20 @@ def test_help(cmd):
         ),
     ],
 )
-def test_bad_input_is_one_line_and_exit_code_2(args, text, tmp_path):
-    res = run(*args, cwd=tmp_path)
+def test_bad_input_is_one_line_and_exit_code_2(args, text, tmp_path, capsys, monkeypatch):
+    res = run_here(capsys, monkeypatch, *args, cwd=tmp_path)
     assert res.returncode == 2
     assert res.stderr.startswith(f"error: {text}")
     assert len(res.stderr.strip().splitlines()) == 1
     assert "Traceback" not in res.stderr
+
+
+def test_the_entry_point_reports_bad_input_in_one_line(tmp_path):
+    """Through the interpreter, as a user runs it: the one-line error and exit code 2."""
+    res = run("config", "--ppo.clip-esp", "0.1", cwd=tmp_path)
+    assert res.returncode == 2
+    assert res.stderr.startswith("error: ppo.clip_esp: unknown key; did you mean 'clip_eps'?")
+    assert len(res.stderr.strip().splitlines()) == 1
 
 
 def test_debug_shows_traceback(tmp_path):
