@@ -62,6 +62,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from tokenergy.config.dfs import DEPTH_FEATURES
 from tokenergy.envs.tree_search import branch_probs
 
 __all__ = [
@@ -193,7 +194,6 @@ def random_moves_leaves(k: int, depth: int) -> float:
 # --------------------------------------------------------------------------- the model
 
 
-DEPTH_FEATURES = ("none", "relative", "sinusoidal")
 N_SINES = 4  # frequencies of the sinusoidal depth features
 
 

@@ -13,6 +13,12 @@ from tokenergy.config.fields import (
     _in_range,
 )
 
+# how key depth may enter the search transformer's scores, and its parameter blocks that take an
+# initial scale (model.block_init) or a learning-rate share (train.block_lr)
+DEPTH_FEATURES = ("none", "relative", "sinusoidal")
+INIT_BLOCKS = ("u", "b", "values")
+LR_BLOCKS = ("u", "e", "b", "rho", "values", "bias", "slope", "sines")
+
 
 def _check_blocks(given: dict, name: str, blocks: tuple[str, ...]) -> None:
     """A ``{block: value >= 0}`` map over the named parameter blocks."""
@@ -70,11 +76,11 @@ class SearchModelConfig:
         _in_range(self.heads, "heads", 1, 64)
         _in_range(self.init_scale, "init_scale", 0.0, None)
         _check(
-            self.depth_features in ("none", "relative", "sinusoidal"),
+            self.depth_features in DEPTH_FEATURES,
             "depth_features",
-            f"must be none, relative or sinusoidal, got {self.depth_features!r}",
+            f"must be one of {', '.join(DEPTH_FEATURES)}, got {self.depth_features!r}",
         )
-        _check_blocks(self.block_init, "block_init", ("u", "b", "values"))
+        _check_blocks(self.block_init, "block_init", INIT_BLOCKS)
         if self.window is not None:
             _in_range(self.window, "window", 1, None)
 
@@ -132,9 +138,7 @@ class SearchTrainConfig:
         for n in self.iterations:
             _check(isinstance(n, int) and n >= 0, "iterations", f"must be ints >= 0, got {n!r}")
         _in_range(self.batch, "batch", 2, None)
-        _check_blocks(
-            self.block_lr, "block_lr", ("u", "e", "b", "rho", "values", "bias", "slope", "sines")
-        )
+        _check_blocks(self.block_lr, "block_lr", LR_BLOCKS)
         if self.stage_heads is not None:
             _check(
                 len(self.stage_heads) == len(self.depths)
