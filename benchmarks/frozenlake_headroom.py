@@ -12,8 +12,13 @@ and, per decision of the epsilon-noisy policy (weighted by how often it reaches 
 the mean gap Q(s, solver move) - Q(s, uniform random move): what one noisy move costs, the
 signal a policy gradient has to find under the episode's Bernoulli noise.
 
+With ``--per-turn 2`` (the paper's form: two moves a turn, the second chosen before the first's
+slip is seen, H / 2 turns) three more columns: the solver's two-move plan, the best policy over
+move pairs, and uniformly random moves. ``--layout random`` draws the paper's maps (start and
+goal on random cells) instead of Gymnasium's corners.
+
 Usage: python benchmarks/frozenlake_headroom.py [--maps 256] [--horizons 12 20 30]
-[--epsilon 0.1] [--doc docs/results/frozenlake-headroom.md]
+[--epsilon 0.1] [--per-turn 1] [--layout corners] [--doc docs/results/frozenlake-headroom.md]
 """
 
 from __future__ import annotations
@@ -52,9 +57,31 @@ def _transitions(env) -> tuple[np.ndarray, np.ndarray, int]:
     return T, goal, start
 
 
-def map_stats(seed: int, horizons: list[int], eps: float) -> dict[int, tuple[float, ...]]:
-    """Per H: (solver, eps-noisy solver, finite-horizon optimal, mean per-decision gap)."""
-    env = make("frozenlake", is_slippery=True, max_steps=max(horizons))
+def pair_stats(T: np.ndarray, goal: np.ndarray, start: int, solver: np.ndarray, env, turns: int):
+    """(solver's two-move plan, best pair policy, random moves): P(reach G within ``turns``
+    turns of two moves, the second chosen before the first's slip is seen)."""
+    S = T.shape[0]
+    m = len(env.desc[0])
+    planned = np.array([env._move((s // m, s % m), int(solver[s])) for s in range(S)])
+    second = solver[planned[:, 0] * m + planned[:, 1]]  # the plan's move from where it meant to be
+    v_sol, v_opt, v_rnd = np.zeros(S), np.zeros(S), np.zeros(S)
+    for _ in range(turns):
+        # q[s, a1, a2]: a1 from s, then a2 from wherever a1 slid (nothing after G or a hole)
+        q_sol = np.einsum("sau,ubw,w->sab", T, T, goal + v_sol) + (T @ goal)[:, :, None]
+        q_opt = np.einsum("sau,ubw,w->sab", T, T, goal + v_opt) + (T @ goal)[:, :, None]
+        q_rnd = np.einsum("sau,ubw,w->sab", T, T, goal + v_rnd) + (T @ goal)[:, :, None]
+        v_sol = q_sol[np.arange(S), solver, second]
+        v_opt = q_opt.reshape(S, 16).max(1)
+        v_rnd = q_rnd.reshape(S, 16).mean(1)
+    return v_sol[start], v_opt[start], v_rnd[start]
+
+
+def map_stats(
+    seed: int, horizons: list[int], eps: float, per_turn: int = 1, layout: str = "corners"
+) -> dict[int, tuple[float, ...]]:
+    """Per H: (solver, eps-noisy solver, finite-horizon optimal, mean per-decision gap), and
+    with ``per_turn=2`` the three of :func:`pair_stats`."""
+    env = make("frozenlake", is_slippery=True, max_steps=max(horizons), layout=layout)
     env.reset(seed=seed)
     T, goal, start = _transitions(env)
     S = T.shape[0]
@@ -88,6 +115,8 @@ def map_stats(seed: int, horizons: list[int], eps: float) -> dict[int, tuple[flo
             mass += float(w.sum())
             d = np.einsum("s,sa,sau->u", w, pi_eps, T)
         out[H] = (v_sol[start], v_eps[start], v_opt[start], gap / max(mass, 1e-12))
+        if per_turn == 2:
+            out[H] += pair_stats(T, goal, start, solver, env, H // 2)
     return out
 
 
@@ -96,27 +125,34 @@ def main() -> None:
     ap.add_argument("--maps", type=int, default=256)
     ap.add_argument("--horizons", type=int, nargs="+", default=[12, 20, 30])
     ap.add_argument("--epsilon", type=float, default=0.1)
+    ap.add_argument("--per-turn", type=int, choices=(1, 2), default=1)
+    ap.add_argument("--layout", choices=("corners", "random"), default="corners")
     ap.add_argument("--doc", default="docs/results/frozenlake-headroom.md")
     a = ap.parse_args()
-    rows = [map_stats(SEED_OFFSET + k, a.horizons, a.epsilon) for k in range(a.maps)]
-    lines = [
-        f"| moves H | scripted solver | solver with ε = {a.epsilon} | best policy for H "
-        "| cost of one noisy move (mean Q gap) |",
-        "|---|---|---|---|---|",
+    rows = [
+        map_stats(SEED_OFFSET + k, a.horizons, a.epsilon, a.per_turn, a.layout)
+        for k in range(a.maps)
     ]
+    head = (
+        f"| moves H | scripted solver | solver with ε = {a.epsilon} | best policy for H "
+        "| cost of one noisy move (mean Q gap) |"
+    )
+    if a.per_turn == 2:
+        head += " solver, 2 moves a turn | best, 2 moves a turn | random moves |"
+    lines = [head, "|---" * (head.count("|") - 1) + "|"]
     for H in a.horizons:
         x = np.array([r[H] for r in rows])
-        lines.append(
-            f"| {H} | {x[:, 0].mean():.3f} | {x[:, 1].mean():.3f} | {x[:, 2].mean():.3f} "
-            f"| {x[:, 3].mean():.4f} |"
-        )
+        cells = [f"{x[:, k].mean():.3f}" for k in range(3)] + [f"{x[:, 3].mean():.4f}"]
+        cells += [f"{x[:, k].mean():.3f}" for k in range(4, x.shape[1])]
+        lines.append(f"| {H} | " + " | ".join(cells) + " |")
     cmd = " ".join(["python benchmarks/frozenlake_headroom.py", *sys.argv[1:]])
     text = (
         "# Slippery FrozenLake: how much success is there to gain?\n\n"
         f"- command: `{cmd}`\n"
         f"- machine: {machine()}\n"
         f"- {a.maps} random 4x4 maps (env seeds {SEED_OFFSET} and up, the presets' held-out "
-        "seeds); exact probabilities by dynamic programming, nothing sampled\n\n"
+        f"seeds; start and goal: {a.layout}); exact probabilities by dynamic programming, "
+        "nothing sampled\n\n"
         + "\n".join(lines)
         + "\n\nThe scripted solver is the policy the SFT data demonstrates (value iteration, "
         "discount 0.99); the best policy for H maximises the chance of reaching G within H "

@@ -1,6 +1,9 @@
 """Text envs: the contract, determinism, Gymnasium parity, solvers, hand-worked episodes, and
 that no text whatsoever makes them raise."""
 
+import sys
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -104,6 +107,7 @@ def test_clone_is_independent(name, kwargs):
     [
         ("frozenlake", {}),
         ("frozenlake", {"map_size": 6}),
+        ("frozenlake", {"layout": "random"}),
         ("sokoban", {}),
         ("sokoban", {"num_boxes": 2, "size": 7}),
         ("sudoku4", {}),
@@ -139,6 +143,49 @@ def test_slippery_solver_beats_random():
                 wins += info["success"]
                 break
     assert solver > 0.4 and solver > 3 * wins / 80
+
+
+def test_frozenlake_random_layout_puts_start_and_goal_anywhere():
+    """The paper's maps: start and goal on two distinct cells, every cell used by both over
+    many maps, a path between them, the observation naming both; corners stay the default."""
+    starts, goals = set(), set()
+    for seed in range(400):
+        env = make("frozenlake", layout="random", observation="coords")
+        obs, _ = env.reset(seed=seed)
+        (sr, sc), (gr, gc) = env._find("S")[0], env._find("G")[0]
+        assert (sr, sc) != (gr, gc) and env.pos == (sr, sc)
+        assert f"start {sr} {sc} . goal {gr} {gc} . player {sr} {sc}" in obs
+        starts.add((sr, sc))
+        goals.add((gr, gc))
+    assert len(starts) == len(goals) == 16
+    corners = make("frozenlake")
+    corners.reset(seed=3)
+    assert corners.desc[0][0] == "S" and corners.desc[-1][-1] == "G"
+    with pytest.raises(ValueError, match="layout must be one of"):
+        make("frozenlake", layout="diagonal")
+
+
+def test_frozenlake_headroom_dp_matches_simulation():
+    """The headroom benchmark's exact two-moves-a-turn solver probability on one map agrees
+    with playing the solver's turns (each seed's slips drawn by the env) 4000 times."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "benchmarks"))
+    from frozenlake_headroom import map_stats
+
+    seed = 1_000_003
+    exact = map_stats(seed, [10], 0.1, per_turn=2, layout="random")[10][4]
+    kwargs = dict(is_slippery=True, max_steps=10, max_actions_per_turn=2, layout="random")
+    env = make("frozenlake", **kwargs)
+    wins, n = 0, 4000
+    for k in range(n):
+        env.reset(seed=seed)
+        env.rng = np.random.default_rng(k)  # the same map, fresh slips
+        while True:
+            *_, term, trunc, info = env.step(env.solver_turn())
+            if term or trunc:
+                wins += info["success"]
+                break
+    assert 0.05 < exact < 0.95
+    assert abs(wins / n - exact) < 4 * np.sqrt(exact * (1 - exact) / n)
 
 
 # --------------------------------------------------------------------------- FrozenLake parity

@@ -20,7 +20,7 @@ import numpy as np
 
 from tokenergy.envs.text import TEXT_ENVS, TextEnv
 
-__all__ = ["MOVES", "FrozenLakeText", "random_map"]
+__all__ = ["LAYOUTS", "MOVES", "FrozenLakeText", "random_map"]
 
 MOVES = ("Left", "Down", "Right", "Up")  # Gymnasium's action ids 0..3
 _DELTA = ((0, -1), (1, 0), (0, 1), (-1, 0))
@@ -43,11 +43,27 @@ def _reachable(desc: list[str]) -> bool:
     return False
 
 
-def random_map(size: int, rng: np.random.Generator, p_frozen: float = 0.8) -> list[str]:
-    """A random ``size x size`` map with ``S`` top-left, ``G`` bottom-right and a path between."""
+LAYOUTS = ("corners", "random")
+
+
+def random_map(
+    size: int, rng: np.random.Generator, p_frozen: float = 0.8, layout: str = "corners"
+) -> list[str]:
+    """A random ``size x size`` map with a path from ``S`` to ``G``.
+
+    ``layout="corners"`` puts ``S`` top-left and ``G`` bottom-right (Gymnasium's random maps);
+    ``"random"`` puts them on two distinct cells drawn uniformly (the ActFocus paper's maps,
+    which is why its observation lists both).
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"frozenlake: layout must be one of {LAYOUTS}, got {layout!r}")
     while True:
         cells = np.where(rng.random((size, size)) < p_frozen, "F", "H")
-        cells[0, 0], cells[-1, -1] = "S", "G"
+        if layout == "corners":
+            start, goal = 0, size * size - 1
+        else:
+            start, goal = (int(k) for k in rng.choice(size * size, 2, replace=False))
+        cells[divmod(start, size)], cells[divmod(goal, size)] = "S", "G"
         desc = ["".join(row) for row in cells]
         if _reachable(desc):
             return desc
@@ -70,6 +86,8 @@ class FrozenLakeText(TextEnv):
             holes next to the player) and the move is decided in the answer.
         strict_format: a turn not exactly ``<think>…</think> <answer>…</answer>`` is invalid.
         extra_actions: ``invalid`` or ``drop`` (see :class:`~tokenergy.envs.text.TextEnv`).
+        layout: where random maps put ``S`` and ``G``: ``corners`` (top-left, bottom-right)
+            or ``random`` (two distinct random cells, the paper's); see :func:`random_map`.
     """
 
     name = "frozenlake"
@@ -89,6 +107,7 @@ class FrozenLakeText(TextEnv):
         plan_in_reasoning: bool = True,
         strict_format: bool = False,
         extra_actions: str = "invalid",
+        layout: str = "corners",
     ) -> None:
         super().__init__(
             max_steps, max_actions_per_turn, invalid_penalty, strict_format, extra_actions
@@ -104,6 +123,9 @@ class FrozenLakeText(TextEnv):
             desc = rows
         if map_size < 2:
             raise ValueError(f"frozenlake: map_size must be >= 2, got {map_size}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"frozenlake: layout must be one of {LAYOUTS}, got {layout!r}")
+        self.layout = layout
         self.fixed_desc = desc
         self.map_size = map_size
         self.is_slippery = is_slippery
@@ -112,7 +134,7 @@ class FrozenLakeText(TextEnv):
         self._policy: dict[tuple[int, int], int] | None = None
 
     def _reset(self, options: dict) -> None:
-        self.desc = self.fixed_desc or random_map(self.map_size, self.rng)
+        self.desc = self.fixed_desc or random_map(self.map_size, self.rng, layout=self.layout)
         self.pos = next(
             (r, c) for r, row in enumerate(self.desc) for c, ch in enumerate(row) if ch == "S"
         )
