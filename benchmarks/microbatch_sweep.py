@@ -31,6 +31,7 @@ def iteration(rows: int, score_rows: int, a: argparse.Namespace) -> dict[str, fl
     import yaml
 
     import tokenergy.algos.lm as lm
+    import tokenergy.algos.update as stage
     from tokenergy.config import config_from_dict
 
     scoring = importlib.import_module("tokenergy.rollout.score")
@@ -44,15 +45,15 @@ def iteration(rows: int, score_rows: int, a: argparse.Namespace) -> dict[str, fl
     raw["algo"]["critic_warmup_iters"] = 0  # time the policy update too
     raw["eval"] = {"episodes": 1, "every": 10_000}
     raw["log"] = {"tensorboard": False, "progress": False}
-    chunk_defaults = lm.forward_by_length.__defaults__
+    chunk_defaults = stage.forward_by_length.__defaults__
     score_fn = scoring.score.__wrapped__  # under torch.no_grad
     score_defaults = score_fn.__defaults__
     try:
-        lm.forward_by_length.__defaults__ = (*chunk_defaults[:-1], rows)
+        stage.forward_by_length.__defaults__ = (*chunk_defaults[:-1], rows)
         score_fn.__defaults__ = (score_rows, *score_defaults[1:])
         history = lm.train_lm(config_from_dict(raw)).history[1:]
     finally:
-        lm.forward_by_length.__defaults__ = chunk_defaults
+        stage.forward_by_length.__defaults__ = chunk_defaults
         score_fn.__defaults__ = score_defaults
 
     def med(key: str) -> float:

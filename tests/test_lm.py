@@ -524,7 +524,7 @@ def test_value_scale_multiplies_the_heads_output(tok):
 def test_forward_by_length_gives_the_whole_batch_forward_and_its_gradient(tok):
     """Chunks of rows of similar length, each cut to its longest row: the same logits and
     values on every real token, and the same gradient of a masked loss, as one forward."""
-    from tokenergy.algos.lm import forward_by_length
+    from tokenergy.algos.update import forward_by_length
     from tokenergy.models.lm import separate_critic
 
     agent = separate_critic(build_agent("tiny", tokenizer=tok, seed=7))

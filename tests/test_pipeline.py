@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tokenergy.algos import pipeline as pl
+from tokenergy.algos import update as stage
 from tokenergy.config import ConfigError, config_from_dict
 from tokenergy.envs.corpora import (
     DOMAINS,
@@ -141,7 +142,8 @@ def test_merge_and_reinit_keeps_the_sft_model_and_trains_a_fresh_adapter(tmp_pat
         agent = pl.AgentModel(pol, tok)
         head0 = copy.deepcopy(agent.value_head.state_dict())
         opt = torch.optim.AdamW([p for p in agent.parameters() if p.requires_grad], lr=1e-2)
-        logits, values = pl._forward(agent, ids, attn)
+        out = agent(ids, attn)
+        logits, values = out.logits, out.values
         loss = -torch.log_softmax(logits, -1)[..., 7].mean() + ((values - 1.0) ** 2).mean()
         loss.backward()
         opt.step()
@@ -183,13 +185,13 @@ def test_reward_model_ranks_held_out_pairs_and_ppo_raises_its_score(tiny_run):
 
 def _patch_update_logprobs(monkeypatch, shift):
     """Log-probs computed with gradient (the update's) come out ``shift`` nats higher."""
-    real = pl.token_logprobs
+    real = stage.token_logprobs
 
     def patched(logits, ids):
         out = real(logits, ids)
         return out + shift if torch.is_grad_enabled() else out
 
-    monkeypatch.setattr(pl, "token_logprobs", patched)
+    monkeypatch.setattr(stage, "token_logprobs", patched)
 
 
 def test_a_huge_ratio_is_skipped(monkeypatch):
@@ -205,7 +207,7 @@ def test_a_huge_ratio_is_skipped(monkeypatch):
 
 
 def _nan_loss_on(monkeypatch, calls):
-    real = pl.ppo_policy_loss
+    real = stage.ppo_policy_loss
     count = {"n": 0}
 
     def patched(*a, **k):
@@ -213,7 +215,7 @@ def _nan_loss_on(monkeypatch, calls):
         loss, m = real(*a, **k)
         return (loss * float("nan"), m) if count["n"] in calls else (loss, m)
 
-    monkeypatch.setattr(pl, "ppo_policy_loss", patched)
+    monkeypatch.setattr(stage, "ppo_policy_loss", patched)
 
 
 def test_a_nan_step_is_rolled_back_and_without_the_envelope_the_weights_break(monkeypatch):

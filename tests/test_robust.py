@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from tokenergy.algos.lm import Curriculum, _scheduled, sft, train_lm
+from tokenergy.algos.lm import Curriculum, sft, train_lm
+from tokenergy.algos.update import scheduled
 from tokenergy.config import ConfigError
 from tokenergy.models import build_agent
 from tokenergy.models.lm import freeze_lower_blocks
@@ -42,11 +43,11 @@ def sft_agent():
 
 
 def test_linear_schedules():
-    assert _scheduled(0.2, None, 5, 10) == 0.2
-    assert _scheduled(0.2, 0.1, 0, 11) == pytest.approx(0.2)
-    assert _scheduled(0.2, 0.1, 5, 11) == pytest.approx(0.15)
-    assert _scheduled(0.2, 0.1, 10, 11) == pytest.approx(0.1)
-    assert _scheduled(0.01, 0.0, 0, 1) == 0.01  # a single iteration keeps the start
+    assert scheduled(0.2, None, 5, 10) == 0.2
+    assert scheduled(0.2, 0.1, 0, 11) == pytest.approx(0.2)
+    assert scheduled(0.2, 0.1, 5, 11) == pytest.approx(0.15)
+    assert scheduled(0.2, 0.1, 10, 11) == pytest.approx(0.1)
+    assert scheduled(0.01, 0.0, 0, 1) == 0.01  # a single iteration keeps the start
 
 
 def test_curriculum_moves_on_when_the_window_passes_the_threshold():

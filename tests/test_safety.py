@@ -47,9 +47,10 @@ def _nan_on_calls(monkeypatch, module, calls):
 
 def test_lm_trainer_skips_a_nan_step(monkeypatch):
     import tokenergy.algos.lm as lm
+    import tokenergy.algos.update as stage
     from test_lm import tiny_cfg
 
-    _nan_on_calls(monkeypatch, lm, {2})
+    _nan_on_calls(monkeypatch, stage, {2})
     cfg = tiny_cfg(**{"algo.iterations": 2, "algo.ent_coef": 0.01})
     result = lm.train_lm(cfg)
     rows = result.history

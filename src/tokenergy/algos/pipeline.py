@@ -34,7 +34,7 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +43,10 @@ import torch
 from torch import nn
 
 from tokenergy.advantages import token_gae
-from tokenergy.algos.minibatches import RATIO_CAPPED, SKIPPED, minibatch_epochs
+from tokenergy.algos.update import Credit, update
 from tokenergy.config import PipelineRunConfig
+from tokenergy.config.lm import AlgoConfig
+from tokenergy.distributed import Parallel
 from tokenergy.envs.corpora import (
     Doc,
     Pair,
@@ -54,19 +56,21 @@ from tokenergy.envs.corpora import (
     preference_pairs,
 )
 from tokenergy.envs.corpora import win_rate as analytic_win_rate
-from tokenergy.losses import kl_estimate, ppo_policy_loss, value_loss
+from tokenergy.losses import kl_estimate
 from tokenergy.models.lm import AgentModel
 from tokenergy.ops import masked_mean, whiten
-from tokenergy.rollout import generate_turns, token_logprobs
-from tokenergy.runs import Run
-from tokenergy.safety import (
-    AdaptiveKL,
-    Snapshot,
-    autocast,
-    clip_whiten_rewards,
-    guarded_step,
-    params_are_finite,
+from tokenergy.rollout import (
+    Episode,
+    Scored,
+    Trajectories,
+    collate,
+    generate_turns,
+    score,
+    token_logprobs,
 )
+from tokenergy.runs import Run
+from tokenergy.safety import AdaptiveKL, autocast, clip_whiten_rewards, params_are_finite
+from tokenergy.types import Role
 
 __all__ = [
     "PipelineResult",
@@ -309,14 +313,6 @@ def reload_sft_adapter(sft_model: nn.Module, folder: Path) -> tuple[nn.Module, n
 # --------------------------------------------------------------------------- PPO
 
 
-def _forward(agent, ids: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits, and at each position ``t`` the value of the state before token ``t`` (shifted
-    like the log-probs)."""
-    out = agent(ids, attn)
-    v = out.values
-    return out.logits, torch.cat([v.new_zeros(v.shape[0], 1), v[:, :-1]], 1)
-
-
 def _continue(
     model: nn.Module,
     tok,
@@ -339,6 +335,107 @@ def _text(tok, ids: list[int]) -> str:
     return tok.decode([i for i in ids if i != tok.eos_token_id], skip_special_tokens=True)
 
 
+@dataclass
+class PPOLearner:
+    """The pipeline's PPO as the shared update stage reads it
+    (:class:`tokenergy.algos.update.Learner`): the agent (fresh LoRA adapter and value head),
+    AdamW over both, the update's settings from ``ppo`` and ``envelope``, and the counters of
+    skipped steps. The KL to the reference is a reward here, so the loss never reads it."""
+
+    agent: AgentModel
+    opt: torch.optim.Optimizer
+    params: list[nn.Parameter]
+    algo: AlgoConfig
+    gen: torch.Generator
+    device: torch.device
+    rollback: bool
+    ref: nn.Module | None = None
+    clip_apart: None = None
+    par: Parallel = field(default_factory=Parallel)
+    target_head: None = None
+    anchor: None = None
+    reuse_logprobs: bool = False
+    prior_tau: float = 1.0
+    trains_value: bool = True
+    ratio_skips: int = 0
+    skipped_steps: int = 0
+
+
+def _learner(agent: AgentModel, cfg: PipelineRunConfig, gen, device) -> PPOLearner:
+    p, env = cfg.ppo, cfg.envelope
+    policy_params = [q for q in agent.policy.parameters() if q.requires_grad]
+    if not policy_params:
+        raise ValueError(
+            "PPO: the policy has no trainable weight (a reloaded peft adapter is frozen); only "
+            "the value head would learn. Keep ppo.merge_reinit: true"
+        )
+    head_params = list(agent.value_head.parameters())
+    opt = torch.optim.AdamW(
+        [{"params": policy_params, "lr": p.lr}, {"params": head_params, "lr": p.value_lr}],
+        weight_decay=0.0,
+    )
+    algo = AlgoConfig(
+        name="ppo", iterations=p.iterations, lr=p.lr, value_lr=p.value_lr, epochs=p.epochs,
+        minibatches=p.minibatches, clip_eps=p.clip_eps, value_clip=p.value_clip,
+        vf_coef=p.vf_coef, gamma=p.gamma, lam=p.lam, kl_coef=p.kl_coef, kl_kind="k1",
+        kl_in="reward", kl_target=p.kl_target, kl_horizon=p.kl_horizon,
+        max_grad_norm=p.max_grad_norm, ratio_cap=env.ratio_cap, precision=env.precision,
+        reward_whiten=env.reward_whiten, reward_clip=env.reward_clip,
+    )  # fmt: skip
+    return PPOLearner(agent, opt, policy_params + head_params, algo, gen, device, env.rollback)
+
+
+def _collect(agent: AgentModel, tok, docs: list[Doc], cfg: PipelineRunConfig, gen, rng):
+    """Stage 1: continue ``ppo.prompts`` training prompts drawn with ``rng``, sampling with
+    ``gen``. A continuation is an episode of one turn: the prompt is its observation, the
+    continuation its trained (action) tokens; its reward comes from the reward model."""
+    picks = rng.integers(len(docs), size=cfg.ppo.prompts)
+    prompts = [docs[int(i)].prompt for i in picks]
+    p = cfg.ppo
+    contexts, new = _continue(agent.policy, tok, prompts, p.max_new_tokens, p.temperature, gen)
+    agent.eval()
+    episodes = [
+        Episode(tokens=c + n, roles=[int(Role.OBSERVATION)] * len(c) + [int(Role.ACTION)] * len(n),
+                rewards=[0.0] * (len(c) + len(n)), terminated=True, turns=1)
+        for c, n in zip(contexts, new, strict=True)
+    ]  # fmt: skip
+    return collate(episodes, tok.pad_token_id)
+
+
+def _reward_scores(rm: RewardModel, tok, traj: Trajectories, device) -> torch.Tensor:
+    """The reward model's score of each prompt + continuation + ``<eos>`` (as in its pairs)."""
+    rows = [e.tokens for e in traj.episodes]
+    rm_ids, rm_attn = _pad(
+        [r if r[-1] == tok.eos_token_id else [*r, tok.eos_token_id] for r in rows],
+        tok.pad_token_id,
+    )
+    return rm(rm_ids.to(device), rm_attn.to(device)).float().cpu()
+
+
+def _assign_credit(
+    traj: Trajectories, sc: Scored, scores: torch.Tensor, kl_coef: float, cfg: PipelineRunConfig
+) -> Credit:
+    """Stage 3: the score on each continuation's last token (clipped and whitened over the
+    batch with the envelope), minus ``kl_coef`` times the per-token KL (``k1``) to the
+    reference; GAE with the value head; advantages whitened over the continuations' tokens."""
+    p, env, mask = cfg.ppo, cfg.envelope, traj.mask
+    kl_tok = kl_estimate(sc.logprobs, sc.ref_logprobs, "k1") * mask
+    at_end = torch.zeros_like(mask)
+    at_end[torch.arange(traj.batch_size), traj.last_index] = True
+    at_end &= mask  # an empty continuation earns nothing
+    env_rewards = scores[:, None] * at_end
+    row: dict[str, float] = {}
+    if env.reward_whiten:
+        env_rewards, frac = clip_whiten_rewards(env_rewards, at_end, env.reward_clip)
+        row["envelope/reward_clipped"] = frac
+    rewards = env_rewards - kl_coef * kl_tok
+    adv, returns = token_gae(
+        rewards, sc.values, mask, traj.terminated, sc.values.new_zeros(traj.batch_size),
+        p.gamma, p.lam,
+    )  # fmt: skip
+    return Credit(adv, whiten(adv, mask), returns, None, None, kl_coef, 0.0, row)
+
+
 def _ppo(
     agent: AgentModel,
     reference: nn.Module,
@@ -352,99 +449,29 @@ def _ppo(
     log: Callable[[int, dict[str, float]], None],
     tick: Callable[[dict[str, float]], None],
 ) -> list[dict[str, float]]:
-    p, env = cfg.ppo, cfg.envelope
-    policy_params = [q for q in agent.policy.parameters() if q.requires_grad]
-    if not policy_params:
-        raise ValueError(
-            "PPO: the policy has no trainable weight (a reloaded peft adapter is frozen); only "
-            "the value head would learn. Keep ppo.merge_reinit: true"
-        )
-    head_params = list(agent.value_head.parameters())
-    params = policy_params + head_params
-    opt = torch.optim.AdamW(
-        [{"params": policy_params, "lr": p.lr}, {"params": head_params, "lr": p.value_lr}],
-        weight_decay=0.0,
-    )
+    """``ppo.iterations`` iterations of collect → score → credit → update, the last stage the
+    LM trainer's own (:func:`tokenergy.algos.update.update`); one metrics row each."""
+    p = cfg.ppo
+    learner = _learner(agent, cfg, gen, device)
     kl_ctl = AdaptiveKL(p.kl_coef, p.kl_target, p.kl_horizon) if p.kl_target else None
     history: list[dict[str, float]] = []
-    ratio_skips = rollbacks = 0
     for it in range(p.iterations):
         t0 = time.perf_counter()
-        picks = rng.integers(len(docs), size=p.prompts)
-        prompts = [docs[int(i)].prompt for i in picks]
-        contexts, new = _continue(agent.policy, tok, prompts, p.max_new_tokens, p.temperature, gen)
-        rows = [c + n for c, n in zip(contexts, new, strict=True)]
-        ids, attn = _pad(rows, tok.pad_token_id)
-        mask = torch.zeros_like(attn)
-        for i, (c, n) in enumerate(zip(contexts, new, strict=True)):
-            mask[i, len(c) : len(c) + len(n)] = True
-        last = attn.long().sum(1) - 1
-        ids, attn, mask = ids.to(device), attn.to(device), mask.to(device)
+        traj = _collect(agent, tok, docs, cfg, gen, rng)
         t_rollout = time.perf_counter() - t0
-
-        # ---- score: log-probs, values, reference, reward model (no gradient) -------------
-        with torch.no_grad(), autocast(device, env.precision):
-            agent.eval()
-            logits, values = _forward(agent, ids, attn)
-            old_logprobs = token_logprobs(logits, ids).float()
-            values = values.float() * mask
-            ref_logprobs = token_logprobs(
-                reference(input_ids=ids, attention_mask=attn).logits, ids
-            ).float()
-            # the reward model reads prompt + continuation + <eos>, as in its training pairs
-            rm_ids, rm_attn = _pad(
-                [r if r[-1] == tok.eos_token_id else [*r, tok.eos_token_id] for r in rows],
-                tok.pad_token_id,
-            )
-            scores = rm(rm_ids.to(device), rm_attn.to(device)).float()
-        kl_tok = kl_estimate(old_logprobs, ref_logprobs, "k1") * mask
-        at_end = torch.zeros_like(mask)
-        at_end[torch.arange(len(rows)), last.to(device)] = True
-        at_end &= mask  # an empty continuation earns nothing
-        env_rewards = scores[:, None] * at_end
-        row: dict[str, float] = {}
-        if env.reward_whiten:
-            env_rewards, frac = clip_whiten_rewards(env_rewards, at_end, env.reward_clip)
-            row["envelope/reward_clipped"] = frac
-        beta = kl_ctl.value if kl_ctl is not None else p.kl_coef
-        rewards = env_rewards - beta * kl_tok
-        terminated = torch.ones(len(rows), dtype=torch.bool, device=device)
-        adv, returns = token_gae(
-            rewards, values, mask, terminated, values.new_zeros(len(rows)), p.gamma, p.lam
-        )
-        adv_w = whiten(adv, mask)
-
-        # ---- update --------------------------------------------------------------------------
         t1 = time.perf_counter()
-        batch = (ids, attn, mask, old_logprobs, values, adv_w, returns)
-        sums, n_updates, skips, rolled = _ppo_update(agent, opt, params, batch, cfg, gen, device)
-        ratio_skips, rollbacks = ratio_skips + skips, rollbacks + rolled
-        means = {k: v / max(n_updates, 1) for k, v in sums.items()}
-        kl_mean = float(masked_mean(kl_estimate(old_logprobs, ref_logprobs, "k3"), mask))
+        with autocast(device, cfg.envelope.precision):
+            sc = score(agent, reference, traj)
+            scores = _reward_scores(rm, tok, traj, device)
+        sc.values = sc.values * traj.mask
+        beta = kl_ctl.value if kl_ctl is not None else p.kl_coef
+        cr = _assign_credit(traj, sc, scores, beta, cfg)
+        up = update(learner, traj, sc, cr, it)
+        kl_mean = float(masked_mean(kl_estimate(sc.logprobs, sc.ref_logprobs, "k3"), traj.mask))
         if kl_ctl is not None:
-            kl_ctl.update(kl_mean, len(rows))
-        lengths = torch.tensor([len(n) for n in new], dtype=torch.float)
-        row.update(
-            {
-                "ppo/iteration": it + 1,
-                "ppo/score": float(scores.mean()),
-                "ppo/score_std": float(scores.std()),
-                "ppo/length": float(lengths.mean()),
-                "ppo/kl_ref": kl_mean,
-                "ppo/kl_coef": beta,
-                "ppo/entropy": float(-masked_mean(old_logprobs, mask)),
-                "ppo/clipfrac": means.get("clipfrac", float("nan")),
-                "ppo/approx_kl": means.get("approx_kl", float("nan")),
-                "ppo/value_loss": means.get("value_loss", float("nan")),
-                "ppo/grad_norm": means.get("grad_norm", float("nan")),
-                "ppo/updates": n_updates,
-                "ppo/weights_finite": float(params_are_finite(agent)),
-                "envelope/ratio_skips": ratio_skips,
-                "envelope/rollbacks": rollbacks,
-                "perf/rollout_s": t_rollout,
-                "perf/update_s": time.perf_counter() - t1,
-            }
-        )
+            kl_ctl.update(kl_mean, traj.batch_size)
+        row = _ppo_row(it, traj, sc, cr, up, scores, kl_mean, learner)
+        row.update({"perf/rollout_s": t_rollout, "perf/update_s": time.perf_counter() - t1})
         history.append(row)
         log(it + 1, row)
         tick(row)
@@ -453,42 +480,27 @@ def _ppo(
     return history
 
 
-def _ppo_update(agent, opt, params, batch, cfg: PipelineRunConfig, gen, device):
-    """``ppo.epochs`` passes over the continuations in ``ppo.minibatches`` minibatches (clipped
-    policy loss, clipped value loss), each step guarded by the envelope. Returns the metrics'
-    sums, the steps taken, and the steps skipped by the ratio cap and rolled back."""
-    p, env = cfg.ppo, cfg.envelope
-    ids, attn, mask, old_logprobs, values, adv_w, returns = batch
-    snapshot = Snapshot(agent, opt)
-    agent.train()
-
-    def step(idx: torch.Tensor) -> dict | str:
-        idx = idx.to(device)
-        m = mask[idx]
-        with autocast(device, env.precision):
-            new_logits, new_values = _forward(agent, ids[idx], attn[idx])
-        new_logprobs = token_logprobs(new_logits, ids[idx])
-        if env.ratio_cap is not None:
-            with torch.no_grad():
-                ratio_mean = masked_mean((new_logprobs - old_logprobs[idx]).exp(), m)
-            if not bool(ratio_mean <= env.ratio_cap):
-                return RATIO_CAPPED
-        pg_loss, pg_m = ppo_policy_loss(new_logprobs, old_logprobs[idx], adv_w[idx], m, p.clip_eps)
-        v_loss, v_m = value_loss(new_values.float(), values[idx], returns[idx], m, p.value_clip)
-        loss = pg_loss + p.vf_coef * v_loss
-        if env.rollback:
-            grad_norm = guarded_step(loss, agent, opt, params, p.max_grad_norm, snapshot)
-            if grad_norm is None:
-                return SKIPPED
-        else:
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(params, p.max_grad_norm)
-            opt.step()
-        return {**pg_m, **v_m, "grad_norm": grad_norm}
-
-    stats = minibatch_epochs(len(ids), p.epochs, p.minibatches, gen, step)
-    return stats.sums, stats.updates, stats.ratio_capped, stats.skipped
+def _ppo_row(it, traj, sc, cr, up, scores, kl_mean, learner: PPOLearner) -> dict[str, float]:
+    """The iteration's metrics row (docs/metrics.md, ``ppo/*`` and ``envelope/*``)."""
+    lengths = traj.mask.sum(1).float()
+    return {
+        **cr.envelope_row,
+        "ppo/iteration": it + 1,
+        "ppo/score": float(scores.mean()),
+        "ppo/score_std": float(scores.std()),
+        "ppo/length": float(lengths.mean()),
+        "ppo/kl_ref": kl_mean,
+        "ppo/kl_coef": cr.kl_coef,
+        "ppo/entropy": float(-masked_mean(sc.logprobs, traj.mask)),
+        "ppo/clipfrac": up.means["clipfrac"],
+        "ppo/approx_kl": up.means["approx_kl"],
+        "ppo/value_loss": up.means["value_loss"],
+        "ppo/grad_norm": up.means["grad_norm"],
+        "ppo/updates": up.n_updates,
+        "ppo/weights_finite": float(params_are_finite(learner.agent)),
+        "envelope/ratio_skips": learner.ratio_skips,
+        "envelope/rollbacks": learner.skipped_steps,
+    }
 
 
 # --------------------------------------------------------------------------- the run
