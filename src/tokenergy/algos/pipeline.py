@@ -362,6 +362,9 @@ class PPOLearner:
 
 
 def _learner(agent: AgentModel, cfg: PipelineRunConfig, gen, device) -> PPOLearner:
+    """AdamW over the fresh adapter (``ppo.lr``) and the value head (``ppo.value_lr``), and the
+    update's settings: PPO with a clipped value loss, the KL a ``k1`` reward, no entropy bonus,
+    no warm-up or schedule, the envelope's ratio cap, precision and rollback."""
     p, env = cfg.ppo, cfg.envelope
     policy_params = [q for q in agent.policy.parameters() if q.requires_grad]
     if not policy_params:
@@ -385,7 +388,9 @@ def _learner(agent: AgentModel, cfg: PipelineRunConfig, gen, device) -> PPOLearn
     return PPOLearner(agent, opt, policy_params + head_params, algo, gen, device, env.rollback)
 
 
-def _collect(agent: AgentModel, tok, docs: list[Doc], cfg: PipelineRunConfig, gen, rng):
+def _collect(
+    agent: AgentModel, tok, docs: list[Doc], cfg: PipelineRunConfig, gen, rng
+) -> Trajectories:
     """Stage 1: continue ``ppo.prompts`` training prompts drawn with ``rng``, sampling with
     ``gen``. A continuation is an episode of one turn: the prompt is its observation, the
     continuation its trained (action) tokens; its reward comes from the reward model."""
