@@ -88,6 +88,16 @@ ROWS: dict[str, tuple[str, str, list[str]]] = {
         "RoPE only, plain grid observation, 2048 episodes",
         [*FL_2K, *NO_GRID, "--env.kwargs.observation", "grid"],
     ),
+    "fl-paper-rope-4k": (
+        FROZENLAKE,
+        "the paper's maps (start and goal anywhere), RoPE only, coordinates, 4096 episodes",
+        ["--sft.episodes", "4096", *NO_GRID, "--env.kwargs.layout", "random"],
+    ),
+    "fl-paper-grid-4k": (
+        FROZENLAKE,
+        "the paper's maps, row / column embeddings, coordinates, 4096 episodes",
+        ["--sft.episodes", "4096", *GRID, "--env.kwargs.layout", "random"],
+    ),
 }
 
 

@@ -6,6 +6,7 @@ import json
 import math
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 
@@ -315,3 +316,31 @@ def test_same_seed_same_pipeline_with_two_threads():
 
     assert [timeless(r) for r in runs[0].history] == [timeless(r) for r in runs[1].history]
     assert timeless(runs[0].summary) == timeless(runs[1].summary)
+
+
+def test_the_pipeline_trains_through_the_lm_update_stage_with_its_own_settings():
+    """The PPO learner hands the LM trainer's update stage the pipeline's settings (field by
+    field, the KL a k1 reward) and the envelope's; one update over a collected batch steps the
+    adapter and the value head only."""
+    cfg = cfg_of(**{"ppo.clip_eps": 0.3, "ppo.epochs": 1, "ppo.minibatches": 2,
+                    "ppo.value_clip": None, "ppo.kl_coef": 0.07, "envelope.ratio_cap": 9.0,
+                    "envelope.rollback": False, "ppo.prompts": 4})  # fmt: skip
+    model, tok = _sft_like(cfg)
+    policy, reference = pl.merge_and_reinit(model, cfg)
+    agent = pl.AgentModel(policy, tok)
+    gen, device = torch.Generator().manual_seed(0), torch.device("cpu")
+    learner = pl._learner(agent, cfg, gen, device)
+    a = learner.algo
+    assert (a.name, a.clip_eps, a.epochs, a.minibatches, a.value_clip) == ("ppo", 0.3, 1, 2, None)
+    assert (a.kl_coef, a.kl_in, a.kl_kind, a.ratio_cap) == (0.07, "reward", "k1", 9.0)
+    assert not learner.rollback and learner.trains_value and learner.ref is None
+    docs = make_corpus("story", 16, seed=0)
+    traj = pl._collect(agent, tok, docs, cfg, gen, np.random.default_rng(0))
+    assert traj.batch_size == 4 and bool((traj.roles[traj.mask] == 2).all())  # action tokens
+    sc = pl.score(agent, reference, traj)
+    cr = pl._assign_credit(traj, sc, torch.tensor([1.0, -1.0, 0.5, 0.0]), 0.07, cfg)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    up = pl.update(learner, traj, sc, cr, 0)
+    assert up.n_updates == 2 and learner.ratio_skips == 0
+    moved = {n for n, p in policy.named_parameters() if not torch.equal(p, before[n])}
+    assert moved and all("lora_" in n for n in moved)
