@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from tokenergy.advantages import ALGORITHMS, high_variance_groups, shuffled_returns
-from tokenergy.algos.update import Credit, UpdateStats, update
+from tokenergy.algos.update import Credit, UpdateStats, update, update_optimizer
 from tokenergy.config import LMRunConfig
 from tokenergy.config.lm import REFERENCE_ONLY_SOURCES
 from tokenergy.distributed import Parallel
@@ -512,14 +512,9 @@ class LMTrainer:
             from tokenergy.models.lm import freeze_lower_blocks
 
             freeze_lower_blocks(agent.policy, cfg.model.train_top_blocks)
-        policy_params = [p for p in agent.policy.parameters() if p.requires_grad]
-        head_params = list(agent.value_head.parameters())
+        opt, policy_params, head_params = update_optimizer(agent, a.lr, a.value_lr)
         # A critic with a transformer of its own has its gradient clipped apart from the policy's.
         critic = isinstance(agent.value_head, CriticModel)
-        opt = torch.optim.AdamW(
-            [{"params": policy_params, "lr": a.lr}, {"params": head_params, "lr": a.value_lr}],
-            weight_decay=0.0,
-        )
         curiosity = None
         if cfg.rollout.curiosity_coef > 0:
             from tokenergy.credit.energy_models import NextObservationModel

@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from tokenergy.advantages import token_gae
-from tokenergy.algos.update import Credit, update
+from tokenergy.algos.update import Credit, update, update_optimizer
 from tokenergy.config import PipelineRunConfig
 from tokenergy.config.lm import AlgoConfig
 from tokenergy.distributed import Parallel
@@ -366,17 +366,12 @@ def _learner(agent: AgentModel, cfg: PipelineRunConfig, gen, device) -> PPOLearn
     update's settings: PPO with a clipped value loss, the KL a ``k1`` reward, no entropy bonus,
     no warm-up or schedule, the envelope's ratio cap, precision and rollback."""
     p, env = cfg.ppo, cfg.envelope
-    policy_params = [q for q in agent.policy.parameters() if q.requires_grad]
+    opt, policy_params, head_params = update_optimizer(agent, p.lr, p.value_lr)
     if not policy_params:
         raise ValueError(
             "PPO: the policy has no trainable weight (a reloaded peft adapter is frozen); only "
             "the value head would learn. Keep ppo.merge_reinit: true"
         )
-    head_params = list(agent.value_head.parameters())
-    opt = torch.optim.AdamW(
-        [{"params": policy_params, "lr": p.lr}, {"params": head_params, "lr": p.value_lr}],
-        weight_decay=0.0,
-    )
     algo = AlgoConfig(
         name="ppo", iterations=p.iterations, lr=p.lr, value_lr=p.value_lr, epochs=p.epochs,
         minibatches=p.minibatches, clip_eps=p.clip_eps, value_clip=p.value_clip,

@@ -35,6 +35,7 @@ __all__ = [
     "minibatch_loss",
     "scheduled",
     "update",
+    "update_optimizer",
 ]
 
 
@@ -72,6 +73,21 @@ class Learner(Protocol):
 
     @property
     def trains_value(self) -> bool: ...
+
+
+def update_optimizer(
+    agent: torch.nn.Module, lr: float, value_lr: float
+) -> tuple[torch.optim.Optimizer, list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """AdamW with the two parameter groups :func:`update` sets the rates of: the policy's
+    trainable weights at ``lr``, then the value head (or separate critic) at ``value_lr``.
+    Returns the optimizer and the two groups' parameters."""
+    policy_params = [p for p in agent.policy.parameters() if p.requires_grad]
+    head_params = list(agent.value_head.parameters())
+    opt = torch.optim.AdamW(
+        [{"params": policy_params, "lr": lr}, {"params": head_params, "lr": value_lr}],
+        weight_decay=0.0,
+    )
+    return opt, policy_params, head_params
 
 
 def scheduled(start: float, final: float | None, iteration: int, n_iters: int) -> float:
