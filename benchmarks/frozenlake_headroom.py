@@ -64,15 +64,16 @@ def pair_stats(T: np.ndarray, goal: np.ndarray, start: int, solver: np.ndarray, 
     m = len(env.desc[0])
     planned = np.array([env._move((s // m, s % m), int(solver[s])) for s in range(S)])
     second = solver[planned[:, 0] * m + planned[:, 1]]  # the plan's move from where it meant to be
+
+    def q(v: np.ndarray) -> np.ndarray:
+        # q[s, a1, a2]: a1 from s, then a2 from wherever a1 slid (nothing after G or a hole)
+        return np.einsum("sau,ubw,w->sab", T, T, goal + v) + (T @ goal)[:, :, None]
+
     v_sol, v_opt, v_rnd = np.zeros(S), np.zeros(S), np.zeros(S)
     for _ in range(turns):
-        # q[s, a1, a2]: a1 from s, then a2 from wherever a1 slid (nothing after G or a hole)
-        q_sol = np.einsum("sau,ubw,w->sab", T, T, goal + v_sol) + (T @ goal)[:, :, None]
-        q_opt = np.einsum("sau,ubw,w->sab", T, T, goal + v_opt) + (T @ goal)[:, :, None]
-        q_rnd = np.einsum("sau,ubw,w->sab", T, T, goal + v_rnd) + (T @ goal)[:, :, None]
-        v_sol = q_sol[np.arange(S), solver, second]
-        v_opt = q_opt.reshape(S, 16).max(1)
-        v_rnd = q_rnd.reshape(S, 16).mean(1)
+        v_sol = q(v_sol)[np.arange(S), solver, second]
+        v_opt = q(v_opt).reshape(S, 16).max(1)
+        v_rnd = q(v_rnd).reshape(S, 16).mean(1)
     return v_sol[start], v_opt[start], v_rnd[start]
 
 
