@@ -404,6 +404,33 @@ def test_grpo_and_reinforce_advantages_by_hand():
     assert rf[:, 4].tolist() == pytest.approx([-0.25, -0.25, -1.25, 0.75])
 
 
+def test_ppo_truncation_terminal_drops_the_bootstrap_of_a_cut_off_episode():
+    """PPO's returns with gamma = lambda = 1 on the hand batch: each trained token's reward
+    to go, plus, for an episode the turn limit cut off, the critic's value of the last
+    observation (bootstrap), or nothing (terminal: the limit is part of the task)."""
+    import dataclasses
+
+    from tokenergy.advantages import ALGORITHMS
+
+    traj, sc = _hand_batch()
+    traj = dataclasses.replace(
+        traj,
+        terminated=torch.tensor([True, False, False, True]),
+        truncated=torch.tensor([False, True, True, False]),
+    )
+    sc = dataclasses.replace(sc, bootstrap=torch.tensor([7.0, 5.0, 3.0, 9.0]))
+    base = dataclasses.replace(tiny_cfg().algo, gamma=1.0, lam=1.0)
+    boot = ALGORITHMS.get("ppo")(traj, sc, traj.rewards, base).returns
+    cut = dataclasses.replace(base, truncation="terminal")
+    term = ALGORITHMS.get("ppo")(traj, sc, traj.rewards, cut).returns
+    # rewards to go at the trained tokens 1, 2, 4: [2, 2, 1], [1, 1, 1], [0, 0, 0], [2, 2, 2]
+    assert term[:, [1, 2, 4]].tolist() == [[2, 2, 1], [1, 1, 1], [0, 0, 0], [2, 2, 2]]
+    # bootstrapped: + 5 and + 3 on the two cut-off episodes; the ended ones unchanged
+    assert boot[:, [1, 2, 4]].tolist() == [[2, 2, 1], [6, 6, 6], [3, 3, 3], [2, 2, 2]]
+    with pytest.raises(ConfigError, match="truncation"):
+        dataclasses.replace(base, truncation="zero")
+
+
 def test_sft_learns_the_solver(tok):
     cfg = tiny_cfg(
         **{"sft.episodes": 64, "sft.epochs": 10, "sft.epsilon": 0.0, "sft.batch_size": 8}

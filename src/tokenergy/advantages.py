@@ -246,7 +246,9 @@ batch: ``fn(traj, scored, rewards, algo_cfg, par=Parallel) -> AdvantageResult``,
 :class:`tokenergy.rollout.Scored`. A statistic over the batch goes through ``par``
 (:mod:`tokenergy.distributed`), so several processes compute what one would on the global batch.
 
-- ``ppo``: token-level GAE across turns (:func:`token_gae`), with the value head.
+- ``ppo``: token-level GAE across turns (:func:`token_gae`), with the value head; an episode
+  the turn limit cut off is bootstrapped from its last value or, with ``truncation:
+  terminal``, valued as ended.
 - ``grpo``: :func:`group_relative` episode returns (G episodes per env seed) on every token
   (Shao et al., 2024, arXiv:2402.03300).
 - ``reinforce``: discounted return-to-go minus the batch's mean episode return.
@@ -257,9 +259,9 @@ batch: ``fn(traj, scored, rewards, algo_cfg, par=Parallel) -> AdvantageResult``,
 def _ppo_advantages(
     traj: Any, sc: Any, rewards: torch.Tensor, cfg: Any, par: Parallel = _SINGLE
 ) -> AdvantageResult:
-    adv, ret = token_gae(
-        rewards, sc.values, traj.mask, traj.terminated, sc.bootstrap, cfg.gamma, cfg.lam
-    )
+    # "terminal": an episode the limit cut off is valued as ended (no bootstrap)
+    ended = traj.terminated | (cfg.truncation == "terminal")
+    adv, ret = token_gae(rewards, sc.values, traj.mask, ended, sc.bootstrap, cfg.gamma, cfg.lam)
     return AdvantageResult(adv, ret)
 
 

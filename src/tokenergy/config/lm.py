@@ -214,6 +214,12 @@ class AlgoConfig:
     clip_eps_high: float | None = _f(None, "upper clip range (clip-higher); null means clip_eps")
     gamma: float = _f(1.0, "discount per token")
     lam: float = _f(0.95, "GAE lambda (ppo)")
+    truncation: str = _f(
+        "bootstrap",
+        "ppo: what follows an episode cut off by the turn limit or the env's step cap: "
+        "bootstrap (the critic's value of the last observation) or terminal (nothing: the "
+        "limit is part of the task, as in the ActFocus paper's GAE over whole trajectories)",
+    )
     vf_coef: float = _f(0.5, "value-loss coefficient (ppo)")
     value_clip: float | None = _f(
         None, "value clip range (ppo); null (default) turns it off: returns here span ~10"
@@ -321,6 +327,11 @@ class AlgoConfig:
             self.loss_normalize in ("mask", "weights"),
             "loss_normalize",
             f"must be mask or weights, got {self.loss_normalize!r}",
+        )
+        _check(
+            self.truncation in ("bootstrap", "terminal"),
+            "truncation",
+            f"must be bootstrap or terminal, got {self.truncation!r}",
         )
         _check(
             self.group_scale in ("group", "batch", "none"),
