@@ -3,7 +3,7 @@ the physical limit and Hugging Face ``generate()``; optionally against another c
 
 Usage: python benchmarks/rl_iteration.py [--envs sokoban frozenlake] [--sizes tiny small]
 [--algos ppo grpo] [--episodes 128] [--iterations 3] [--threads 2] [--device cpu]
-[--baseline WORKTREE] [--sft-episodes 512]
+[--baseline WORKTREE] [--processes 2] [--sft-episodes 512]
 
 For each env × size: an agent is SFT-trained once on ``--sft-episodes`` solver episodes of the
 env's preset (``configs/<env>-ppo.yaml``, epsilon 0.5; cached under ``runs/bench/``) so that
@@ -21,7 +21,9 @@ Beside it, in the same run:
   first turn's prompts, every row writing the same number of tokens, against our engine on the
   same prompts (``--hf-compare``);
 - ``--baseline WORKTREE``: the same iterations with the ``tokenergy`` of another checkout (a
-  ``git worktree`` at the commit to compare with), run in a subprocess from the same agent.
+  ``git worktree`` at the commit to compare with), run in a subprocess from the same agent;
+- ``--processes N``: the same iterations as N data-parallel processes (``torchrun``, gloo) of
+  ``threads / N`` torch threads each, against one process of ``threads`` threads.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def iteration_times(env: str, algo: str, agent: Path, a: argparse.Namespace) -> 
     raw["rollout"]["episodes"] = a.episodes
     raw["algo"]["iterations"] = a.iterations
     raw["algo"]["critic_warmup_iters"] = 0  # time the policy update too
-    raw["eval"] = {"episodes": 1, "every": 10_000}
+    raw["eval"] = {"episodes": 8, "every": 10_000}  # 8: splits over processes
     raw["log"] = {"tensorboard": False, "progress": False}
     raw["device"] = a.device
     history = train_lm(config_from_dict(raw)).history[1:]  # the first one warms up
@@ -185,19 +187,48 @@ def hf_compare(env: str, size: str, a: argparse.Namespace) -> tuple[float, float
 
 
 def child(a: argparse.Namespace) -> None:
-    """In a baseline checkout's interpreter path: print the iteration times as JSON."""
-    print("RESULT " + json.dumps(iteration_times(a.env_one, a.algo_one, Path(a.agent_one), a)))
+    """In a baseline checkout's interpreter path, or as one of ``--processes`` data-parallel
+    processes: print the iteration times as JSON (rank 0 only)."""
+    import os
+
+    times = iteration_times(a.env_one, a.algo_one, Path(a.agent_one), a)
+    if os.environ.get("RANK", "0") == "0":
+        print("RESULT " + json.dumps(times))
+
+
+def _child_args(env: str, algo: str, agent: Path, a: argparse.Namespace, threads: int) -> list:
+    return [
+        "--child", "--env-one", env, "--algo-one", algo, "--agent-one", str(agent),
+        "--episodes", str(a.episodes), "--iterations", str(a.iterations),
+        "--threads", str(threads), "--device", a.device,
+    ]  # fmt: skip
+
+
+def data_parallel_times(env: str, algo: str, agent: Path, a: argparse.Namespace) -> dict:
+    """The same iterations as ``--processes`` data-parallel processes (``torchrun``, gloo on
+    CPU) of ``threads / processes`` torch threads each, with this checkout's ``tokenergy``."""
+    import os
+    import subprocess
+
+    threads = max(1, a.threads // a.processes)
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        f"--nproc_per_node={a.processes}", __file__, *_child_args(env, algo, agent, a, threads),
+    ]  # fmt: skip
+    env_vars = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    out = subprocess.run(cmd, env=env_vars, capture_output=True, text=True, cwd=ROOT)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(f"the data-parallel run failed:\n{out.stderr[-3000:]}")
 
 
 def baseline_times(env: str, algo: str, agent: Path, a: argparse.Namespace) -> dict:
-    return run_in_checkout(
-        [
-            __file__, "--child", "--env-one", env, "--algo-one", algo, "--agent-one", str(agent),
-            "--episodes", str(a.episodes), "--iterations", str(a.iterations),
-            "--threads", str(a.threads), "--device", a.device,
-        ],
-        a.baseline,
-    )  # fmt: skip
+    return run_in_checkout([__file__, *_child_args(env, algo, agent, a, a.threads)], a.baseline)
+
+
+def _total(t: dict) -> float:
+    return t["rollout"] + t["score"] + t["update"]
 
 
 def main() -> None:
@@ -211,6 +242,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--sft-episodes", type=int, default=512)
     ap.add_argument("--baseline", default=None, help="a worktree of the commit to compare with")
+    ap.add_argument(
+        "--processes", type=int, default=1,
+        help="also time the iteration as this many data-parallel processes (torchrun)",
+    )  # fmt: skip
     ap.add_argument("--no-hf-compare", dest="hf_compare", action="store_false")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--env-one", help=argparse.SUPPRESS)
@@ -223,6 +258,7 @@ def main() -> None:
     rate = matmul_rate(a.threads, a.device)
     rows = []
     hf_rows = []
+    dp_rows = []
     for env in a.envs:
         for size in a.sizes:
             agent = sft_agent(env, size, a.sft_episodes, a.threads, a.device)
@@ -230,6 +266,10 @@ def main() -> None:
                 print(f"{env} {size} {algo} …", flush=True)
                 t = iteration_times(env, algo, agent, a)
                 base = baseline_times(env, algo, agent, a) if a.baseline else None
+                if a.processes > 1:
+                    dp = data_parallel_times(env, algo, agent, a)
+                    dp_rows.append((env, size, algo, t, dp))
+                    print(f"  {a.processes} processes {json.dumps(dp)}")
                 context = 300.0  # about the mean context of a 5-turn episode's tokens
                 gen_limit = rate / flops_per_token(size, context)
                 upd_limit = rate / (3 * flops_per_token(size, context))
@@ -264,6 +304,18 @@ def main() -> None:
             "|---|---|---|---|---|\n"
             + "\n".join(
                 f"| {e} | {s} | {h:,.0f} | {o:,.0f} | {o / h:.1f}× |" for e, s, h, o in hf_rows
+            )
+        )
+    if dp_rows:
+        per = max(1, a.threads // a.processes)
+        body += (
+            f"\n\n| env | model | algo | 1 process × {a.threads} threads: iteration s "
+            f"| {a.processes} processes × {per} thread{'s' if per > 1 else ''}: rollout s "
+            "| scoring s | update s | iteration s | speed-up |\n|---|---|---|---|---|---|---|---|---|\n"
+            + "\n".join(
+                f"| {e} | {s} | {al} | {_total(t):.2f} | {d['rollout']:.2f} | {d['score']:.2f} "
+                f"| {d['update']:.2f} | {_total(d):.2f} | {_total(t) / _total(d):.2f}× |"
+                for e, s, al, t, d in dp_rows
             )
         )
     body += (
