@@ -115,6 +115,83 @@ def test_collectives_on_two_gloo_processes(tmp_path):
         assert r[0]["gloo_threads"] == [] and r[1]["gloo_threads"] == []
 
 
+def _actfocus_batch() -> tuple[torch.Tensor, ...]:
+    """A 4-row batch of roles, energies, trained-token mask, log-prob inputs and advantages;
+    rows 0-1 hold few, low-energy action tokens, rows 2-3 many high-energy ones, so each half's
+    own statistics differ from the whole batch's."""
+    from tokenergy.types import Role
+
+    R, A, F = int(Role.REASONING), int(Role.ACTION), int(Role.FORMAT)
+    roles = torch.tensor(
+        [[R, R, R, A, F, 0], [R, R, A, F, 0, 0], [R, A, A, A, A, F], [A, A, A, R, A, F]]
+    )
+    mask = torch.tensor(
+        [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
+    ).bool()
+    energy = torch.arange(24, dtype=torch.float64).reshape(4, 6).cos() + torch.tensor(
+        [[-2.0], [-1.5], [1.0], [2.0]], dtype=torch.float64
+    )
+    x = torch.arange(24, dtype=torch.float32).reshape(4, 6).sin()
+    adv = torch.arange(24, dtype=torch.float32).reshape(4, 6).cos()
+    return roles, energy, mask, x, adv
+
+
+def _actfocus_loss(theta, x, adv, mask, w) -> torch.Tensor:
+    from tokenergy.losses import ppo_policy_loss
+
+    loss, _ = ppo_policy_loss(theta * x, torch.zeros_like(x), adv, mask, 0.2, weights=w,
+                              normalize="weights")  # fmt: skip
+    return loss
+
+
+def _actfocus_worker(rank: int, world: int, port: int, out: str) -> None:
+    """Process r holds rows [2r, 2r + 1]: ActFocus weights with the processes' statistics, and
+    the weight-normalised loss's gradient with and without :meth:`Parallel.weight_rescale`."""
+    from tokenergy.energy import actfocus_weights
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+                      RANK=str(rank), LOCAL_RANK=str(rank))  # fmt: skip
+    par = Parallel.from_env()
+    roles, energy, mask, x, adv = (t[2 * rank : 2 * rank + 2] for t in _actfocus_batch())
+    result = {
+        "global": actfocus_weights(roles, energy, mask, reduce_sum=par.sum).tolist(),
+        "local": actfocus_weights(roles, energy, mask).tolist(),
+    }
+    w = torch.tensor(result["global"])
+    for name, rescale in (("grad", True), ("grad_unscaled", False)):
+        theta = torch.nn.Parameter(torch.ones(6))
+        loss = _actfocus_loss(theta, x, adv, mask, w)
+        if rescale:
+            loss = loss * par.weight_rescale(mask, w)
+        loss.backward()
+        par.reduce_gradients([theta], par.token_share(mask))
+        result[name] = theta.grad.tolist()
+    par.close()
+    Path(out, f"{rank}.json").write_text(json.dumps(result))
+
+
+def test_actfocus_on_two_processes_is_the_one_process_actfocus(tmp_path):
+    """The paper's weights take mu and sigma over the global batch's action tokens, and the
+    loss divided by the weights' sum has the whole batch's gradient, on 2 gloo processes."""
+    from tokenergy.energy import actfocus_weights
+
+    tmp.spawn(_actfocus_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True)
+    r = [json.loads((tmp_path / f"{k}.json").read_text()) for k in range(2)]
+    roles, energy, mask, x, adv = _actfocus_batch()
+    whole = actfocus_weights(roles, energy, mask)
+    torch.testing.assert_close(torch.tensor(r[0]["global"] + r[1]["global"]), whole)
+    # Each half alone would centre its own action tokens: different weights.
+    local = torch.tensor(r[0]["local"] + r[1]["local"])
+    assert float((local - whole).abs().max()) > 0.05
+    theta = torch.nn.Parameter(torch.ones(6))
+    _actfocus_loss(theta, x, adv, mask, whole).backward()
+    for k in range(2):
+        torch.testing.assert_close(torch.tensor(r[k]["grad"]), theta.grad)
+    # Without the rescale the token-share average of the halves' gradients is another one.
+    unscaled = torch.tensor(r[0]["grad_unscaled"])
+    assert float((unscaled - theta.grad).abs().max()) > 1e-3
+
+
 # A launch that fails on the network (a port taken between choosing it and binding it) is
 # retried with a new port; any other failure fails the test at once.
 _NETWORK = ("EADDRINUSE", "Address already in use", "DistNetworkError", "Connection refused")
@@ -152,7 +229,8 @@ def _rows(run: Path) -> list[dict]:
 
 
 def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path):
-    """An SFT step and a PPO iteration on 8 episodes: 1 process, and 2 processes of 4 each.
+    """An SFT step and an ActFocus-PPO iteration on 8 episodes: 1 process, and 2 processes of
+    4 each.
 
     The start is an agent that already writes answers of varying length (so the processes
     hold different numbers of trained tokens); near-greedy rollouts (temperature 1e-6,
@@ -171,7 +249,9 @@ def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path
         "--sft.episodes 16 --sft.epochs 1 --sft.batch_size 16 --sft.epsilon 0 "
         "--rollout.episodes 8 --rollout.temperature 0.000001 "
         "--algo.iterations 1 --algo.epochs 2 --algo.minibatches 1 "
-        "--eval.episodes 4 --eval.every 1"
+        "--eval.episodes 4 --eval.every 1 "
+        # the paper's ActFocus: batch statistics and the weights' sum of the global batch
+        "--energy.weighting actfocus --energy.source ref_free_energy --algo.loss_normalize weights"
     )
     accelerate = str(Path(sys.executable).with_name("accelerate"))
     _train(args, tmp_path / "one", lambda: [sys.executable])
@@ -193,6 +273,10 @@ def test_accelerate_launch_two_processes_make_the_single_process_update(tmp_path
     # (measured: 2.2e-4 relative; 3.4e-5 for the joint norm).
     assert rl_two["train/grad_norm"] == pytest.approx(rl_one["train/grad_norm"], rel=1e-3)
     assert rl_two["rollout/return"] == pytest.approx(rl_one["rollout/return"], abs=1e-6)
+    # ActFocus weighted the tokens, and alike: the share of the weight on action tokens is the
+    # one process's (each process's own batch statistics would tilt it).
+    assert rl_one["weights/max"] > 1.0
+    assert rl_two["weights/action"] == pytest.approx(rl_one["weights/action"], rel=1e-2)
     # The weights moved the same way from the common start (base/agent): the two updates
     # differ by float noise only (Adam's first steps blow a near-zero gradient up to a full
     # step, so a few entries differ more than the rest; the norm of the difference is small).

@@ -121,6 +121,20 @@ class Parallel:
         n = mask.sum().float()
         return float(n / self.sum(n).clamp(min=1.0))
 
+    def weight_rescale(self, mask: torch.Tensor, weights: torch.Tensor) -> float:
+        """The factor ``(W_r / W) / (n_r / N)`` for a loss divided by this process's own
+        weight sum ``W_r`` (``normalize="weights"``): multiplied by it, the loss's gradient,
+        averaged over the processes by token share (:meth:`reduce_gradients`), is the gradient
+        of ``sum(w * l) / sum(w)`` over the global minibatch (1.0 alone; 0.0 on a process with
+        no trained token, whose loss is zero)."""
+        if not self.enabled:
+            return 1.0
+        local = torch.stack([(weights * mask).sum(), mask.sum()]).double()
+        total = self.sum(local)
+        if float(local[1]) == 0.0 or float(local[0]) == 0.0:
+            return 0.0
+        return float((local[0] / total[0]) / (local[1] / total[1]))
+
     def all_true(self, flag: bool, device: torch.device) -> bool:
         """True when ``flag`` is true on every process."""
         if not self.enabled:

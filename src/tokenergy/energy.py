@@ -13,7 +13,9 @@ and two more for token-level (language-model) agents, whose tokens carry a
 :class:`~tokenergy.types.Role`:
 
 - ``TOKEN_ENERGIES``: ``fn(inputs: TokenEnergyInputs, cfg) -> energy [B, T]``
-- ``TOKEN_WEIGHTINGS``: ``fn(energy, roles, mask, cfg) -> weights [B, T]``
+- ``TOKEN_WEIGHTINGS``: ``fn(energy, roles, mask, cfg, reduce_sum=None) -> weights [B, T]``
+  (``reduce_sum`` sums over data-parallel processes: ``actfocus`` then takes its batch
+  statistics over the global batch; the others normalise within this process's share)
 """
 
 from __future__ import annotations
@@ -231,6 +233,7 @@ def actfocus_weights(
     beta: float = 0.5,
     format_weight: float = 1.0,
     eps: float = 1e-6,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """ActFocus per-token loss weights as the paper defines them (He et al., arXiv:2605.14558).
 
@@ -248,6 +251,10 @@ def actfocus_weights(
         beta: action-weight strength.
         format_weight: weight of the tag tokens.
         eps: added to the variance before the square root.
+        reduce_sum: under data parallelism, the sum of a tensor over the processes
+            (:meth:`tokenergy.distributed.Parallel.sum`): ``mu`` and ``sigma`` are then those
+            of every process's action tokens, the batch this process holds a share of. Every
+            process must call it (it is a collective).
 
     Returns:
         ``[B, T]`` float32 weights.
@@ -257,11 +264,21 @@ def actfocus_weights(
     w[masks[Role.REASONING]] = float(alpha)
     w[masks[Role.FORMAT]] = float(format_weight)
     act = masks[Role.ACTION]
-    if act.any():
-        e = energy[act].double()
+    e = energy[act].double()
+    if reduce_sum is None:
+        if e.numel() == 0:
+            return w
         mu = e.mean()
         sigma = torch.sqrt(((e - mu) ** 2).mean() + eps)
-        w[act] = (1.0 + beta * torch.sigmoid((e - mu) / sigma)).float()
+    else:
+        n, total, squares = reduce_sum(
+            torch.stack([e.new_tensor(e.numel()), e.sum(), (e * e).sum()])
+        )
+        if e.numel() == 0:
+            return w
+        mu = total / n
+        sigma = torch.sqrt((squares / n - mu * mu).clamp(min=0.0) + eps)
+    w[act] = (1.0 + beta * torch.sigmoid((e - mu) / sigma)).float()
     return w
 
 
@@ -503,7 +520,7 @@ class TokenEnergyInputs:
 
 
 TokenEnergy = Callable[[TokenEnergyInputs, Any], torch.Tensor]
-TokenWeighting = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Any], torch.Tensor]
+TokenWeighting = Callable[..., torch.Tensor]  # (energy, roles, mask, cfg, reduce_sum=None)
 
 TOKEN_ENERGIES: Registry[TokenEnergy] = Registry("token energy source")
 TOKEN_WEIGHTINGS: Registry[TokenWeighting] = Registry("token weighting")
@@ -582,27 +599,29 @@ def _token_uncertainty(inputs: TokenEnergyInputs, cfg: Any) -> torch.Tensor:
 
 
 @TOKEN_WEIGHTINGS.register("none")
-def _token_none(energy, roles, mask, cfg) -> torch.Tensor:
+def _token_none(energy, roles, mask, cfg, reduce_sum=None) -> torch.Tensor:
     return mask.float()
 
 
 @TOKEN_WEIGHTINGS.register("actfocus")
-def _token_actfocus(energy, roles, mask, cfg) -> torch.Tensor:
-    return actfocus_weights(roles, energy, mask, cfg.alpha, cfg.beta, cfg.format_weight)
+def _token_actfocus(energy, roles, mask, cfg, reduce_sum=None) -> torch.Tensor:
+    return actfocus_weights(
+        roles, energy, mask, cfg.alpha, cfg.beta, cfg.format_weight, reduce_sum=reduce_sum
+    )
 
 
 @TOKEN_WEIGHTINGS.register("actfocus_softmax")
-def _token_actfocus_softmax(energy, roles, mask, cfg) -> torch.Tensor:
+def _token_actfocus_softmax(energy, roles, mask, cfg, reduce_sum=None) -> torch.Tensor:
     return actfocus_softmax_weights(
         roles, energy, mask, cfg.alpha, cfg.lam, cfg.tau, cfg.format_weight
     )
 
 
 @TOKEN_WEIGHTINGS.register("bottleneck")
-def _token_bottleneck(energy, roles, mask, cfg) -> torch.Tensor:
+def _token_bottleneck(energy, roles, mask, cfg, reduce_sum=None) -> torch.Tensor:
     return bottleneck_weights(energy, mask, cfg.threshold_std, cfg.weight_scale, cfg.smooth)
 
 
 @TOKEN_WEIGHTINGS.register("top_entropy")
-def _token_top(energy, roles, mask, cfg) -> torch.Tensor:
+def _token_top(energy, roles, mask, cfg, reduce_sum=None) -> torch.Tensor:
     return top_fraction_weights(energy, mask, cfg.top_rho)

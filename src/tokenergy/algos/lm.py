@@ -728,7 +728,8 @@ def assign_credit(t: LMTrainer, batch: Batch, sc: Scored, iteration: int) -> Cre
     adv_loss = par.whiten(advantages, mask) if a.norm_adv else advantages
     if has_energy and energy is None:
         energy = credit.energy(traj, sc, par.whiten(advantages, mask))
-    weights = credit.weights(energy, traj, iteration, t.gen) if has_energy else None
+    reduce_sum = t.par.sum if t.par.enabled else None  # batch statistics of the global batch
+    weights = credit.weights(energy, traj, iteration, t.gen, reduce_sum) if has_energy else None
     prior_coef = credit.prior_coef(iteration)
     if has_energy:
         solver = (

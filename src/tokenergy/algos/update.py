@@ -250,16 +250,19 @@ def minibatch_loss(
             ratio_mean = par.sum(ratio_mean * par.token_share(mb_mask))
         if not bool(ratio_mean <= a.ratio_cap):  # NaN counts as over the cap
             return None
+    mb_weights = None if cr.weights is None else cr.weights[idx, cols].to(device)
     loss, metrics = ppo_policy_loss(
         new_logprobs,
         old_logprobs,
         cr.adv_loss[idx, cols].to(device),
         mb_mask,
         coefs["clip_eps"],
-        weights=None if cr.weights is None else cr.weights[idx, cols].to(device),
+        weights=mb_weights,
         clip_eps_high=a.clip_eps_high,
         normalize=a.loss_normalize,
     )
+    if par.enabled and mb_weights is not None and a.loss_normalize == "weights":
+        loss = loss * par.weight_rescale(mb_mask, mb_weights)  # the global weights' sum
     metrics = dict(metrics)
     if t.trains_value:
         v = out.values

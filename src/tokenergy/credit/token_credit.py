@@ -125,12 +125,20 @@ class TokenCredit:
         return shaped_rewards(rewards, energy, traj.roles, traj.mask, self.reward_beta)
 
     def weights(
-        self, energy: torch.Tensor, traj, iteration: int, generator: torch.Generator
+        self,
+        energy: torch.Tensor,
+        traj,
+        iteration: int,
+        generator: torch.Generator,
+        reduce_sum=None,
     ) -> torch.Tensor | None:
-        """Per-token loss weights, or ``None`` (plain token-mean) when none apply now."""
+        """Per-token loss weights, or ``None`` (plain token-mean) when none apply now;
+        ``reduce_sum`` (data parallelism) sums the weighting's batch statistics over the
+        processes."""
         if not self.on(iteration) or self.e.weighting == "none":
             return None
-        w = self.weighting(energy, traj.roles, traj.mask, self.params(iteration))
+        params = self.params(iteration)
+        w = self.weighting(energy, traj.roles, traj.mask, params, reduce_sum=reduce_sum)
         if self.e.shuffle:
             w = shuffle_within_roles(w, traj.roles, traj.mask, generator)
         return w
