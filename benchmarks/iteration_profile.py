@@ -1,5 +1,5 @@
 """Where the time of one PPO iteration of the paper's size goes, by kind of operation, and how
-fast the attention kernels run on the model's shapes.
+fast the attention kernels run on the model's shapes (and on wider heads of the same width).
 
 Usage: python benchmarks/iteration_profile.py [--env sokoban] [--size tiny] [--algo ppo]
 [--episodes 128] [--iterations 3] [--threads 2] [--sft-episodes 512]
@@ -110,6 +110,10 @@ def main() -> None:
     hidden, _layers, heads, _inter = MODEL_SIZES[a.size]
     length = round(statistics.mean(r["rollout/tokens"] for r in steps))
     rates = attention_rates(8, heads, length, hidden // heads)
+    # the same width in fewer, wider heads: what another model shape would buy
+    wider = {
+        d: attention_rates(8, hidden // d, length, d)["flash"] for d in (32, 64) if d <= hidden
+    }
     mm = matmul_rate(a.threads, "cpu")
 
     lines = ["| kind of work | s per iteration | share |", "|---|---|---|"]
@@ -125,7 +129,9 @@ def main() -> None:
         f"Causal attention of one update chunk (8 rows × {heads} heads × {length} tokens × "
         f"head size {hidden // heads}), forward + backward: flash "
         f"{rates['flash'] / 1e9:.1f} GFLOP/s, math {rates['math'] / 1e9:.1f} GFLOP/s; fp32 "
-        f"matmul (512³) {mm / 1e9:.0f} GFLOP/s.",
+        f"matmul (512³) {mm / 1e9:.0f} GFLOP/s. The same width in fewer, wider heads (flash): "
+        + ", ".join(f"head size {d}: {r / 1e9:.1f} GFLOP/s" for d, r in wider.items())
+        + ".",
         "",
         f"{a.env}, `{a.size}`, configs/{a.env}-{a.algo}.yaml, {a.episodes} trajectories of up "
         f"to 5 turns (mean {length} tokens), {a.iterations} iterations under torch.profiler "
