@@ -138,7 +138,8 @@ class TokenCredit:
         if not self.on(iteration) or self.e.weighting == "none":
             return None
         params = self.params(iteration)
-        w = self.weighting(energy, traj.roles, traj.mask, params, reduce_sum=reduce_sum)
+        extra = {} if reduce_sum is None else {"reduce_sum": reduce_sum}  # data-parallel only
+        w = self.weighting(energy, traj.roles, traj.mask, params, **extra)
         if self.e.shuffle:
             w = shuffle_within_roles(w, traj.roles, traj.mask, generator)
         return w
