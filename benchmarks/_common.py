@@ -36,18 +36,24 @@ def run_logged(cmd: list[str], log: Path) -> float:
     return seconds
 
 
+def run_for_result(cmd: list[str], env: dict[str, str], what: str) -> dict:
+    """Run ``cmd`` with ``env`` and return the JSON that it prints on its ``RESULT `` line
+    (``what`` names the run in the error when there is none)."""
+    import json
+
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT ") :])
+    raise RuntimeError(f"{what} failed:\n{out.stderr[-3000:]}")
+
+
 def run_in_checkout(args: list[str], worktree: str | Path) -> dict:
     """Run ``python <args>`` with the ``tokenergy`` of another checkout (``worktree``, e.g. a
     ``git worktree`` of the commit to compare with) first on the path; return the JSON that the
     child prints on its ``RESULT `` line."""
-    import json
-
     env = {**os.environ, "PYTHONPATH": str(Path(worktree).resolve() / "src")}
-    out = subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, cwd=ROOT)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    raise RuntimeError(f"the run in {worktree} failed:\n{out.stderr[-3000:]}")
+    return run_for_result([sys.executable, *args], env, f"the run in {worktree}")
 
 
 def machine() -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from _common import append_results
-from rl_iteration import _preset, matmul_rate, sft_agent
+from rl_iteration import iteration_config, matmul_rate, sft_agent
 
 ATTENTION = ("scaled_dot_product", "flash_attention")
 MATMUL = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"}
@@ -81,21 +81,11 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from tokenergy.algos.lm import train_lm
-    from tokenergy.config import config_from_dict
     from tokenergy.models.lm import MODEL_SIZES
 
     torch.set_num_threads(a.threads)
     agent = sft_agent(a.env, a.size, a.sft_episodes, a.threads, "cpu")
-    raw = _preset(a.env, a.algo)
-    raw["model"] = {**raw["model"], "path": str(agent)}
-    raw["env"]["max_turns"] = 5
-    raw["sft"] = {"episodes": 0}
-    raw["rollout"]["episodes"] = a.episodes
-    raw["algo"]["iterations"] = a.iterations
-    raw["algo"]["critic_warmup_iters"] = 0
-    raw["eval"] = {"episodes": 1, "every": 10_000}
-    raw["log"] = {"tensorboard": False, "progress": False}
-    cfg = config_from_dict(raw)
+    cfg = iteration_config(a.env, a.algo, agent, a.episodes, a.iterations, "cpu")
 
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         history = train_lm(cfg).history

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import ROOT, append_results, run_in_checkout
+from _common import ROOT, append_results, run_for_result, run_in_checkout
 
 BENCH = ROOT / "runs" / "bench"
 
@@ -75,26 +75,35 @@ def sft_agent(env: str, size: str, episodes: int, threads: int, device: str) -> 
     return folder
 
 
+def iteration_config(env: str, algo: str, agent: Path, episodes: int, iterations: int, device: str):
+    """The preset's RL iterations from ``agent``: ``episodes`` trajectories of up to 5 turns,
+    ``iterations`` times, the policy updated from the first (no critic warm-up), no evaluation
+    after the start's."""
+    from tokenergy.config import config_from_dict
+
+    raw = _preset(env, algo)
+    raw["model"] = {**raw["model"], "path": str(agent)}
+    raw["env"]["max_turns"] = 5
+    raw["sft"] = {"episodes": 0}
+    raw["rollout"]["episodes"] = episodes
+    raw["algo"]["iterations"] = iterations
+    raw["algo"]["critic_warmup_iters"] = 0  # time the policy update too
+    raw["eval"] = {"episodes": 8, "every": 10_000}  # 8: splits over processes
+    raw["log"] = {"tensorboard": False, "progress": False}
+    raw["device"] = device
+    return config_from_dict(raw)
+
+
 def iteration_times(env: str, algo: str, agent: Path, a: argparse.Namespace) -> dict:
     """Median seconds of the preset's iteration from ``agent`` with the ``tokenergy`` imported
     here (this checkout, or the baseline's in a child process)."""
     import torch
 
     from tokenergy.algos.lm import train_lm
-    from tokenergy.config import config_from_dict
 
     torch.set_num_threads(a.threads)
-    raw = _preset(env, algo)
-    raw["model"] = {**raw["model"], "path": str(agent)}
-    raw["env"]["max_turns"] = 5
-    raw["sft"] = {"episodes": 0}
-    raw["rollout"]["episodes"] = a.episodes
-    raw["algo"]["iterations"] = a.iterations
-    raw["algo"]["critic_warmup_iters"] = 0  # time the policy update too
-    raw["eval"] = {"episodes": 8, "every": 10_000}  # 8: splits over processes
-    raw["log"] = {"tensorboard": False, "progress": False}
-    raw["device"] = a.device
-    history = train_lm(config_from_dict(raw)).history[1:]  # the first one warms up
+    cfg = iteration_config(env, algo, agent, a.episodes, a.iterations, a.device)
+    history = train_lm(cfg).history[1:]  # the first one warms up
 
     def med(key: str) -> float:
         vals = [r[key] for r in history if key in r]
@@ -208,7 +217,6 @@ def data_parallel_times(env: str, algo: str, agent: Path, a: argparse.Namespace)
     """The same iterations as ``--processes`` data-parallel processes (``torchrun``, gloo on
     CPU) of ``threads / processes`` torch threads each, with this checkout's ``tokenergy``."""
     import os
-    import subprocess
 
     threads = max(1, a.threads // a.processes)
     cmd = [
@@ -216,11 +224,7 @@ def data_parallel_times(env: str, algo: str, agent: Path, a: argparse.Namespace)
         f"--nproc_per_node={a.processes}", __file__, *_child_args(env, algo, agent, a, threads),
     ]  # fmt: skip
     env_vars = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    out = subprocess.run(cmd, env=env_vars, capture_output=True, text=True, cwd=ROOT)
-    for line in out.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    raise RuntimeError(f"the data-parallel run failed:\n{out.stderr[-3000:]}")
+    return run_for_result(cmd, env_vars, "the data-parallel run")
 
 
 def baseline_times(env: str, algo: str, agent: Path, a: argparse.Namespace) -> dict:
@@ -284,7 +288,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|---|" if a.baseline else ""),
     ]
     for env, size, algo, t, base, gl, ul in rows:
-        total = t["rollout"] + t["score"] + t["update"]
+        total = _total(t)
         line = (
             f"| {env} | {size} | {algo} | {t['rollout']:.2f} | {t['score']:.2f} | "
             f"{t['update']:.2f} | {total:.2f} | {t['gen_tok_s']:,.0f} | {gl:,.0f} | {ul:,.0f} |"
