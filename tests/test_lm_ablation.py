@@ -140,6 +140,15 @@ def test_only_selects_runs_with_the_sft_runs_they_start_from(tmp_path):
     assert {s.variant for s in rl} == {"frozenlake/actfocus-ppo", "sokoban/actfocus-ppo"}
     sft, rl = select_runs(phases, ["frozenlake/sft"])  # the SFT runs alone
     assert len(sft) == 2 and rl == []
+    sft, rl = select_runs(phases, ["*/ppo/seed_1"])  # one seed folder
+    assert [(s.variant, s.out.name) for s in rl] == [
+        ("frozenlake/ppo", "seed_1"),
+        ("sokoban/ppo", "seed_1"),
+    ]
+    assert [(s.variant, s.out.name) for s in sft] == [
+        ("frozenlake/sft", "seed_1"),
+        ("sokoban/sft", "seed_1"),
+    ]
     with pytest.raises(ValueError, match="no run of the plan matches"):
         select_runs(phases, ["treasure/*"])
 

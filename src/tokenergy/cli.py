@@ -185,7 +185,8 @@ def ablate(
         None,
         "--only",
         help="Train only the runs whose variant matches (repeat; shell patterns such as "
-        "'sokoban/*' or '*/ppo'; an LM run's SFT run comes along).",
+        "'sokoban/*', '*/ppo' or 'sokoban/ppo/seed_2' for one seed; an LM run's SFT run "
+        "comes along).",
     ),
 ) -> None:
     """Train every variant over seeds, then write the report.

@@ -336,11 +336,13 @@ def run_ablation(
 
 
 def select_runs(phases: list[list[RunSpec]], patterns: list[str]) -> list[list[RunSpec]]:
-    """The runs of ``phases`` whose variant matches a pattern, and the runs an LM ablation's
-    selected RL runs start from (the SFT run of their env and seed, in the first phase)."""
+    """The runs of ``phases`` whose variant, or variant and seed folder (``sudoku4/grpo/seed_2``),
+    matches a pattern, and the runs an LM ablation's selected RL runs start from (the SFT run of
+    their env and seed, in the first phase)."""
 
     def chosen(spec: RunSpec) -> bool:
-        return any(fnmatch.fnmatchcase(spec.variant, p) for p in patterns)
+        names = (spec.variant, f"{spec.variant}/{spec.out.name}")
+        return any(fnmatch.fnmatchcase(name, p) for p in patterns for name in names)
 
     *firsts, last = phases
     kept_last = [s for s in last if chosen(s)]
