@@ -441,6 +441,68 @@ def test_sft_learns_the_solver(tok):
     assert sum(losses[-8:]) / 8 < 0.25 * losses[0]
 
 
+def _gated_run(tmp_path, monkeypatch, name, seen, **over):
+    """A short SFT + 1-iteration run whose held-out evaluations report the state_exact values
+    ``seen`` in turn (the real evaluation runs; only that number is scripted)."""
+    from tokenergy.algos import lm
+    from tokenergy.runs import Run
+
+    real, script = lm.evaluate, list(seen)
+
+    def evaluate(agent, cfg, par=lm._SINGLE):
+        ev = real(agent, cfg, par=par)
+        return {**ev, "eval/state_exact": script.pop(0) if script else 0.0}
+
+    monkeypatch.setattr(lm, "evaluate", evaluate)
+    cfg = tiny_cfg(**{"sft.episodes": 16, "sft.epochs": 2, "sft.batch_size": 8, **over})
+    agent = build_agent("tiny", seed=0)
+    with Run(tmp_path / name, cfg) as run:
+        train_lm(cfg, run, agent=agent)
+    rows = [json.loads(x) for x in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return rows, agent
+
+
+def test_sft_gate_trains_on_until_the_agent_states_what_it_sees(tmp_path, monkeypatch):
+    gate = {"sft.min_state_exact": 0.9, "sft.max_rounds": 3}
+    # below the gate after round 1 (0.5), through it after round 2 (0.95): two rounds of
+    # 2 epochs x 2 steps, the second's steps numbered after the first's
+    rows, _ = _gated_run(tmp_path, monkeypatch, "two", [0.5, 0.95, 0.3], **gate)
+    steps = [r["sft/step"] for r in rows if "sft/loss" in r]
+    assert steps == [1, 2, 3, 4, 5, 6, 7, 8]
+    rounds = [(r["sft/round"], r["sft/state_exact"]) for r in rows if "sft/round" in r]
+    assert rounds == [(1, 0.5), (2, 0.95)]
+    first = next(r for r in rows if r.get("train/iteration") == 0)
+    assert first["eval/state_exact"] == 0.95  # iteration 0 is the passing evaluation
+    assert not any("sft/gate_failed" in r for r in rows)
+    # never through it: max_rounds rounds, then the run goes on and says so
+    rows, _ = _gated_run(tmp_path, monkeypatch, "never", [0.1, 0.2, 0.3], **gate)
+    assert [r["sft/round"] for r in rows if "sft/round" in r] == [1, 2, 3]
+    assert max(r["sft/step"] for r in rows if "sft/loss" in r) == 12
+    assert sum(r.get("sft/gate_failed", 0) for r in rows) == 1
+    assert rows[-1]["train/iteration"] == 1
+
+
+def test_an_agent_through_the_sft_gate_at_once_trains_as_without_it(tmp_path, monkeypatch):
+    plain, a = _gated_run(tmp_path, monkeypatch, "plain", [0.95])
+    gated, b = _gated_run(
+        tmp_path, monkeypatch, "gated", [0.95], **{"sft.min_state_exact": 0.9, "sft.max_rounds": 3}
+    )
+
+    def untimed(rows):  # everything but the perf/ timings and the gate's own rows
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+    assert untimed(r for r in gated if "sft/round" not in r) == untimed(plain)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_sft_gate_config_errors():
+    with pytest.raises(ConfigError, match=r"sft.min_state_exact: must be in \[0, 1\]"):
+        tiny_cfg(**{"sft.min_state_exact": 1.5})
+    with pytest.raises(ConfigError, match=r"sft.max_rounds"):
+        tiny_cfg(**{"sft.max_rounds": 0})
+
+
 def test_lm_config_errors_name_the_field():
     with pytest.raises(ConfigError, match=r"rollout.group_size: GRPO needs at least 2"):
         tiny_cfg(**{"algo.name": "grpo"})

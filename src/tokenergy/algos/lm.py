@@ -91,16 +91,19 @@ def sft(
     cfg: LMRunConfig,
     log: Callable[[int, dict[str, float]], None] | None = None,
     par: Parallel = _SINGLE,
+    round_: int = 0,
 ) -> list[float]:
     """Fit the agent to noisy solver episodes (cross-entropy on the agent-written tokens).
 
     With several processes each fits its share of the episodes (minibatches of
     ``batch_size / world`` each) and the gradients are combined token-weighted, so the update
-    is that of the global minibatch.
+    is that of the global minibatch. A later ``round_`` trains on from the agent as it is:
+    the same demonstrations, other minibatches, the learning rate annealed again, its steps
+    logged after the earlier rounds'.
     """
     s = cfg.sft
     rng = np.random.default_rng(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed + par.rank)
+    gen = torch.Generator().manual_seed(cfg.seed + par.rank + 1_000_003 * round_)
     seeds = [int(x) for x in rng.integers(0, cfg.eval.seed_offset, size=s.episodes)]
     seeds = par.shard(seeds, what="SFT episodes")
     batch_size = s.batch_size // par.world
@@ -120,7 +123,7 @@ def sft(
     opt = torch.optim.AdamW(trainable, lr=s.lr, weight_decay=0.0)
     n_steps = s.epochs * ((data.batch_size + batch_size - 1) // batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 - i / max(n_steps, 1))
-    losses, step = [], 0
+    losses, step = [], round_ * n_steps
     agent.train()
     for _epoch in range(s.epochs):
         perm = torch.randperm(data.batch_size, generator=gen)
@@ -604,14 +607,13 @@ def _warm_start(cfg, run, progress, agent, par, credit, diag_gen) -> dict[str, f
     returned)."""
     from tokenergy.models.lm import separate_critic
 
-    if cfg.sft.episodes > 0:
-        sft(agent, cfg, log=run.log if run is not None else None, par=par)
+    ev = _sft_until_it_sees(agent, cfg, run, par) if cfg.sft.episodes > 0 else None
     par.broadcast(agent)
     if cfg.model.critic == "separate":
         separate_critic(agent)  # after SFT: the critic starts from the SFT features
     ev = {
         "train/iteration": 0,
-        **evaluate(agent, cfg, par=par),
+        **(ev if ev is not None else evaluate(agent, cfg, par=par)),
         **(_diagnose(agent, cfg, diag_gen) if par.is_main else {}),
     }
     credit.after_eval(ev["eval/success"])
@@ -619,6 +621,36 @@ def _warm_start(cfg, run, progress, agent, par, credit, diag_gen) -> dict[str, f
         run.log(0, ev)
     if progress is not None:
         progress(1, cfg.algo.iterations + 1, 0, ev)  # progress: SFT counts as one step
+    return ev
+
+
+def _sft_until_it_sees(agent, cfg, run, par) -> dict[str, float]:
+    """SFT, then the held-out evaluation; while the scratchpads state the state word for word
+    on fewer than ``sft.min_state_exact`` of the turns, another round of SFT (at most
+    ``sft.max_rounds``). Returns the last evaluation (the run's iteration 0).
+
+    The gate reads the evaluation every run makes at iteration 0, so an agent that passes at
+    the first round trains exactly as without a gate."""
+    s = cfg.sft
+    log = run.log if run is not None else None
+    for round_ in range(s.max_rounds):
+        sft(agent, cfg, log=log, par=par, round_=round_)
+        par.broadcast(agent)
+        ev = evaluate(agent, cfg, par=par)
+        if s.min_state_exact <= 0:
+            return ev
+        if "eval/state_exact" not in ev:
+            raise ValueError(
+                f"sft.min_state_exact: {cfg.env.name}'s agent states no state to check "
+                "(no eval/state_exact); set it to 0"
+            )
+        seen = ev["eval/state_exact"]
+        if log is not None:
+            log(0, {"sft/round": round_ + 1, "sft/state_exact": seen})
+        if seen >= s.min_state_exact:
+            return ev
+    if log is not None:
+        log(0, {"sft/gate_failed": 1.0})
     return ev
 
 

@@ -141,6 +141,13 @@ class SFTConfig:
     epochs: int = _f(4, "passes over the SFT data")
     batch_size: int = _f(32, "episodes per SFT step")
     lr: float = _f(3e-3, "AdamW learning rate of SFT")
+    min_state_exact: float = _f(
+        0.0,
+        "perception gate: the share of held-out scratchpads that state the state word for word "
+        "(eval/state_exact at iteration 0) the SFT agent must reach; below it SFT trains another "
+        "round of `epochs` on the same demonstrations; 0 is no gate",
+    )
+    max_rounds: int = _f(1, "most SFT rounds while the agent stays below min_state_exact")
 
     def __post_init__(self) -> None:
         _in_range(self.episodes, "episodes", 0, None)
@@ -148,6 +155,8 @@ class SFTConfig:
         _in_range(self.epochs, "epochs", 1, None)
         _in_range(self.batch_size, "batch_size", 1, None)
         _in_range(self.lr, "lr", 0.0, 1.0, lo_open=True)
+        _in_range(self.min_state_exact, "min_state_exact", 0.0, 1.0)
+        _in_range(self.max_rounds, "max_rounds", 1, None)
 
 
 @dataclass
