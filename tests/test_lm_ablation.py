@@ -207,6 +207,20 @@ def _fake_run(folder, successes, diag=None, now=None):
         (folder / "report" / "diagnose_now.json").write_text(json.dumps(now))
 
 
+def _sft_rounds(folder, seen, failed=False):
+    """Give a fake SFT run's metrics the gate's rows (state_exact after each round) and its
+    iteration-0 evaluation's state_exact (the last round's)."""
+    import json
+
+    rows = [json.loads(x) for x in (folder / "metrics.jsonl").read_text().splitlines()]
+    gate = [{"sft/round": i + 1, "sft/state_exact": v} for i, v in enumerate(seen)]
+    if len(seen) == 1:
+        gate = []  # no gate: no round rows
+    rows[0]["eval/state_exact"] = seen[-1]
+    rows = gate + ([{"sft/gate_failed": 1.0}] if failed else []) + rows
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
 def _diag(rho_action, p_action, share=0.1):
     return {
         "diag/share_action": share,
@@ -232,7 +246,12 @@ def test_study_report_intervals_drop_and_the_papers_diagnostic(tmp_path):
     ppo = [[0.3, 0.6, 0.5], [0.3, 0.4, 0.4], [0.3, 0.5, 0.6]]
     af = [[0.3, 0.5, 0.6], [0.3, 0.5, 0.45], [0.3, 0.7, 0.55]]
     for k in range(3):
-        _fake_run(root / "sokoban" / "sft" / f"seed_{k}", [0.3], now=_diag(0.5, 0.01, 0.2))
+        sft = root / "sokoban" / "sft" / f"seed_{k}"
+        _fake_run(sft, [0.3], now=_diag(0.5, 0.01, 0.2))
+        gated = [({}, []), ({"min_state_exact": 0.9}, [0.5, 0.95]), ({"min_state_exact": 0.9}, [0.1, 0.3, 0.5])][k]  # fmt: skip
+        if gated[0]:
+            (sft / "config.yaml").write_text(yaml.safe_dump({"sft": gated[0]}))
+        _sft_rounds(sft, gated[1] or [0.92], failed=k == 2)
         _fake_run(root / "sokoban" / "ppo" / f"seed_{k}", ppo[k], diag=_diag(0.1 * k, 0.5))
         _fake_run(
             root / "sokoban" / "actfocus-ppo" / f"seed_{k}",
@@ -250,6 +269,13 @@ def test_study_report_intervals_drop_and_the_papers_diagnostic(tmp_path):
     drop = report.split("Peak-to-final drop")[1].split("\n\n")[1].splitlines()
     assert drop[2] == "| ppo | 0.033 ± 0.058 (n=3) |"  # drops 0.1, 0, 0
     assert drop[3] == "| actfocus-ppo | 0.067 ± 0.076 (n=3) |"  # 0, 0.05, 0.15
+    # the SFT agents: success and state_exact at iteration 0, rounds, the gate of each config
+    sft_rows = report.split("The SFT agents every variant")[1].split("\n\n")[1].splitlines()
+    assert sft_rows[2:] == [
+        "| sokoban | seed_0 | 0.300 | 0.920 | 1 | none |",
+        "| sokoban | seed_1 | 0.300 | 0.950 | 2 | 0.9: met |",
+        "| sokoban | seed_2 | 0.300 | 0.500 | 3 | 0.9: missed |",
+    ]
     energy = report.split("The ActFocus paper's diagnostic")[1].split("\n\n")[1].splitlines()
     assert energy[2] == (
         "| sokoban | SFT start | 3 | 32 | +0.500 ± 0.000 (3/3) | +0.000 ± 0.000 (0/3) | — | 0.200 |"

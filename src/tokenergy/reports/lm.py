@@ -372,6 +372,7 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     _success_curves(runs, envs, variants, metric, out / "curves.png")
     _, diag_md = _diagnostic_section(runs, envs, variants, out / "diagnose.png")
     energy_md = _energy_diagnostic_section(runs, dirs, envs, variants)
+    substrate_md = _substrate_section(runs, dirs, envs)
     weight_md = _weight_section(root, runs, envs, variants)
     token_links = []
     for env in envs:
@@ -385,8 +386,18 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     text = (
         f"# LM ablation: {root.name}\n\nFinal-step held-out {metric} (the last evaluation), "
         f"mean ± std over {seeds_n} seeds; every variant of an env and seed starts from the "
-        f"same SFT agent (first row).\n\n{md_table}\n\n" + "\n".join(deltas) + "\n\n"
-        f"Peak held-out {metric} (the best evaluation of each run):\n\n"
+        f"same SFT agent (first row).\n\n{md_table}\n\n"
+        + "\n".join(deltas)
+        + "\n\n"
+        + (
+            "The SFT agents every variant starts from (held-out evaluation at iteration 0; "
+            "state_exact: the share of turns whose scratchpad states the state word for word; "
+            "the gate is `sft.min_state_exact`):\n\n"
+            f"{substrate_md}\n\n"
+            if substrate_md
+            else ""
+        )
+        + f"Peak held-out {metric} (the best evaluation of each run):\n\n"
         f"{_markdown(header, peak_table)}\n\n"
         "Peak-to-final drop (peak minus final, per run):\n\n"
         f"{_markdown(header, drop_table[1:])}\n\n{extra}"
@@ -413,6 +424,37 @@ def write_lm_ablation_report(root: str | Path) -> tuple[Path, str]:
     (out / "report.md").write_text(text)
     (out / "report.html").write_text(markdown_page(text, out, root.name))
     return out, md_table
+
+
+def _substrate_section(runs, dirs, envs) -> str:
+    """One row per finished SFT run: its held-out success and state_exact at iteration 0, the
+    SFT rounds it took and whether it met its perception gate."""
+    rows = []
+    for env in envs:
+        for metrics, run_dir in zip(
+            runs.get(env, {}).get("sft", []), dirs.get(env, {}).get("sft", []), strict=True
+        ):
+            start = next((r for r in metrics if r.get("train/iteration") == 0), None)
+            if start is None:
+                continue  # an agent copied in without its run's metrics
+            rounds = max((int(r["sft/round"]) for r in metrics if "sft/round" in r), default=1)
+            saved = run_dir / "config.yaml"
+            sft = (
+                (yaml.safe_load(saved.read_text()) or {}).get("sft", {}) if saved.is_file() else {}
+            )
+            gate = float(sft.get("min_state_exact", 0.0))
+            failed = any(r.get("sft/gate_failed") for r in metrics)
+            seen = start.get("eval/state_exact")
+            rows.append([
+                env,
+                run_dir.name,
+                f"{start['eval/success']:.3f}",
+                "—" if seen is None else f"{seen:.3f}",
+                str(rounds),
+                "none" if gate <= 0 else f"{gate:g}: " + ("missed" if failed else "met"),
+            ])  # fmt: skip
+    header = ["env", "seed", "success", "state_exact", "SFT rounds", "gate"]
+    return _markdown(header, rows) if rows else ""
 
 
 def _markdown(header: list[str], rows: list[list[str]]) -> str:
