@@ -501,6 +501,10 @@ def test_sft_gate_config_errors():
         tiny_cfg(**{"sft.min_state_exact": 1.5})
     with pytest.raises(ConfigError, match=r"sft.max_rounds"):
         tiny_cfg(**{"sft.max_rounds": 0})
+    # tree_search's scratchpad has no state part: nothing for the gate to read
+    with pytest.raises(ConfigError, match=r"sft.min_state_exact: tree_search's scratchpad"):
+        tiny_cfg(**{"env.name": "tree_search", "sft.min_state_exact": 0.5})
+    assert tiny_cfg(**{"env.name": "sudoku4", "sft.min_state_exact": 0.5}).sft.max_rounds == 1
 
 
 def test_lm_config_errors_name_the_field():

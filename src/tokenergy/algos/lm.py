@@ -603,8 +603,8 @@ class LMTrainer:
 
 
 def _warm_start(cfg, run, progress, agent, par, credit, diag_gen) -> dict[str, float]:
-    """SFT (when configured), the separate critic, and the evaluation at iteration 0 (logged,
-    returned)."""
+    """SFT (when configured, with its perception gate), the separate critic, and the evaluation
+    at iteration 0 (logged, returned)."""
     from tokenergy.models.lm import separate_critic
 
     ev = _sft_until_it_sees(agent, cfg, run, par) if cfg.sft.episodes > 0 else None
@@ -639,12 +639,7 @@ def _sft_until_it_sees(agent, cfg, run, par) -> dict[str, float]:
         ev = evaluate(agent, cfg, par=par)
         if s.min_state_exact <= 0:
             return ev
-        if "eval/state_exact" not in ev:
-            raise ValueError(
-                f"sft.min_state_exact: {cfg.env.name}'s agent states no state to check "
-                "(no eval/state_exact); set it to 0"
-            )
-        seen = ev["eval/state_exact"]
+        seen = ev["eval/state_exact"]  # the config checked that the env states its state
         if log is not None:
             log(0, {"sft/round": round_ + 1, "sft/state_exact": seen})
         if seen >= s.min_state_exact:

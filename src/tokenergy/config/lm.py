@@ -132,6 +132,15 @@ class LMModelConfig:
         )
 
 
+def _states_its_state(env: TextEnvConfig) -> bool:
+    """Whether ``env``'s solver scratchpad opens with the state (so eval/state_exact exists)."""
+    from tokenergy.envs import TEXT_ENVS
+
+    instance = TEXT_ENVS.get(env.name)(**env.kwargs)
+    instance.reset(seed=0)
+    return instance.state_text() is not None
+
+
 @dataclass
 class SFTConfig:
     """Supervised warm start on the scripted solver's episodes, with epsilon-noise."""
@@ -626,6 +635,12 @@ class LMRunConfig:
             raise ConfigError(
                 "algo.minibatches",
                 f"must divide rollout.episodes = {self.rollout.episodes}, got {self.algo.minibatches}",
+            )
+        if self.sft.min_state_exact > 0 and not _states_its_state(self.env):
+            raise ConfigError(
+                "sft.min_state_exact",
+                f"{self.env.name}'s scratchpad states no state to check (this form has no "
+                "state description); set it to 0",
             )
         if self.model.critic == "separate" and self.algo.name != "ppo":
             raise ConfigError(
