@@ -297,6 +297,11 @@ def test_study_report_intervals_drop_and_the_papers_diagnostic(tmp_path):
         "sokoban +3.3 ± 7.6, 95% CI -15.6 to +22.3 (2/3 seeds)"
         in (folder / "report.md").read_text()
     )
+    # an SFT agent whose RL runs have not finished yet still counts in the start row (from the
+    # SFT runs' own evaluations: 0.3, 0.3, 0.3 and 0.7)
+    _fake_run(root / "sokoban" / "sft" / "seed_4", [0.7])
+    _, md = write_lm_ablation_report(root)
+    assert "| SFT start | 0.400 ± 0.200 |" in md
 
 
 def test_the_sokoban_study_plans_the_presets_at_the_papers_scale(tmp_path):

@@ -468,10 +468,12 @@ def _success_table(runs, envs, variants, metric, pick) -> tuple[list[list[str]],
     table, values = [], {}
     start_row = ["SFT start"]
     for env in envs:
-        # every variant of a seed starts from the same agent: the first variant with finished
-        # runs gives the starts
+        # every variant of a seed starts from the same agent: the SFT runs' own evaluations
+        # give the starts, or (SFT agents copied in without metrics) the first variant with
+        # finished runs
+        sft = [rows for rows in runs.get(env, {}).get("sft", []) if _evals(rows, metric)]
         done = [v for v in variants if runs.get(env, {}).get(v)]
-        first = runs[env][done[0]] if done else []
+        first = sft or (runs[env][done[0]] if done else [])
         starts = [ev[0][1] for rows in first if (ev := _evals(rows, metric))]
         start_row.append(_mean_std(starts))
     table.append(start_row)
